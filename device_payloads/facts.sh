@@ -1,0 +1,45 @@
+#!/bin/sh
+# devicelab device facts: key=value lines about the machine this runs on (Linux, Android, macOS).
+# usage: facts.sh [WORKDIR]
+wd=${1:-.}
+kv() { printf '%s=%s\n' "$1" "$2"; }
+kv uname "$(uname -srm 2>/dev/null)"
+kv arch "$(uname -m 2>/dev/null)"
+kv hostname "$(uname -n 2>/dev/null)"
+if [ -r /etc/os-release ]; then
+  . /etc/os-release 2>/dev/null; kv os "${PRETTY_NAME:-$NAME}"
+elif command -v getprop >/dev/null 2>&1; then
+  kv os "Android $(getprop ro.build.version.release) (SDK $(getprop ro.build.version.sdk))"
+  kv android.model "$(getprop ro.product.model)"
+  kv android.manufacturer "$(getprop ro.product.manufacturer)"
+  kv android.soc "$(getprop ro.soc.model) $(getprop ro.board.platform)"
+  kv android.abi "$(getprop ro.product.cpu.abi)"
+elif command -v sw_vers >/dev/null 2>&1; then
+  kv os "macOS $(sw_vers -productVersion)"
+fi
+if [ -r /proc/cpuinfo ]; then
+  m=$(grep -m1 -E '^(model name|Hardware|cpu model)' /proc/cpuinfo | cut -d: -f2-)
+  kv cpu.model "$(echo $m)"
+  f=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2-)
+  kv cpu.features "$(echo $f)"
+  kv cpu.parts "$(grep -E '^CPU part' /proc/cpuinfo | cut -d: -f2 | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+elif command -v sysctl >/dev/null 2>&1; then
+  kv cpu.model "$(sysctl -n machdep.cpu.brand_string 2>/dev/null)"
+  kv cpu.features "$(sysctl -n machdep.cpu.features 2>/dev/null)"
+fi
+n=$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null)
+kv cpu.count "$n"
+cl=""
+for c in /sys/devices/system/cpu/cpu[0-9]*; do
+  [ -r "$c/cpufreq/cpuinfo_max_freq" ] && cl="$cl $(cat "$c/cpufreq/cpuinfo_max_freq")"
+done
+kv cpu.max_khz "$(echo $cl)"
+if [ -r /proc/meminfo ]; then
+  kv mem.total_kB "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
+  kv mem.available_kB "$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)"
+elif command -v sysctl >/dev/null 2>&1; then
+  b=$(sysctl -n hw.memsize 2>/dev/null); [ -n "$b" ] && kv mem.total_kB $((b / 1024))
+fi
+mkdir -p "$wd" 2>/dev/null
+kv storage.free_kB "$(df -Pk "$wd" 2>/dev/null | awk 'NR==2 {print $4}')"
+kv cgroup "$(cat /proc/self/cgroup 2>/dev/null | head -n1)"

@@ -1,0 +1,32 @@
+#!/bin/sh
+# devicelab payload runner: runs one payload under the telemetry sampler.
+#
+# usage: run_payload.sh OUTDIR INTERVAL_MS ROOT -- COMMAND [ARG...]
+#
+# OUTDIR receives: stdout.tsv (each stdout line prefixed by its arrival time on the sampler's clock and
+# a tab), stderr.txt, telemetry.csv (sampler.sh), clock (start/end on the sampler clock and the
+# epoch), pids, exit_code. The runner's exit status is the payload's.
+set -u
+outdir=$1; interval=$2; root=$3; shift 3
+[ "${1:-}" = "--" ] && shift
+here=$(cd "$(dirname "$0")" && pwd)
+mkdir -p "$outdir" || exit 125
+now() { up=""; { read -r up _ < /proc/uptime; } 2>/dev/null; echo "${up:-}"; }
+fifo="$outdir/.stdout.fifo"
+rm -f "$fifo"; mkfifo "$fifo" || exit 125
+{ echo "start_s=$(now)"; echo "start_epoch=$(date +%s)"; } > "$outdir/clock"
+"$@" > "$fifo" 2> "$outdir/stderr.txt" &
+pid=$!
+sh "$here/sampler.sh" -o "$outdir/telemetry.csv" -p "$pid" -i "$interval" -R "$root" &
+spid=$!
+echo "runner=$$ payload=$pid sampler=$spid" > "$outdir/pids"
+while IFS= read -r line; do
+  up=""; { read -r up _ < /proc/uptime; } 2>/dev/null
+  printf '%s\t%s\n' "$up" "$line"
+done < "$fifo" > "$outdir/stdout.tsv"
+wait "$pid"; rc=$?
+wait "$spid" 2>/dev/null
+{ echo "end_s=$(now)"; echo "end_epoch=$(date +%s)"; } >> "$outdir/clock"
+echo "$rc" > "$outdir/exit_code"
+rm -f "$fifo"
+exit "$rc"

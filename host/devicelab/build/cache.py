@@ -1,0 +1,156 @@
+"""Builds of llama.cpp cached by (source commit, target, flags, compiler, tools). An unchanged build is a
+no-op that does not even start cmake; every build leaves a manifest recording how it was made."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .. import paths
+from ..errors import DevicelabError
+from ..proc import tail
+from .source import Source
+from .targets import TOOLS, Target, check_toolchain
+
+MANIFEST = "devicelab-build.json"
+MIN_FREE_BYTES = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class Build:
+    dir: Path
+    manifest: dict
+
+    def tool(self, name: str) -> Path:
+        return self.dir / "bin" / name
+
+    @property
+    def key(self) -> str:
+        return self.manifest["key"]
+
+    def provenance(self) -> dict:
+        m = self.manifest
+        return {"build_key": m["key"], "build_commit": m["commit"], "build_target": m["target"],
+                "build_flags": m["flags"], "build_compiler": m["compiler"]}
+
+
+def compiler_id(t: Target) -> str:
+    cc = t.flags.get("CMAKE_C_COMPILER") or os.environ.get("CC", "cc")
+    try:
+        out = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+        return out.splitlines()[0].strip() if out else cc
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return cc
+
+
+def cpu_features() -> list[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return sorted(set(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return []
+
+
+def build_key(src: Source, t: Target, tools=TOOLS) -> tuple[str, dict]:
+    ident = {"commit": src.commit, "dirty": src.dirty, "target": t.name, "flags": t.cmake_flags(),
+             "compiler": compiler_id(t), "tools": sorted(tools)}
+    if t.flags.get("GGML_NATIVE") == "ON" and t.where == "host":
+        # -march=native: the binary depends on this CPU's features
+        ident["host_cpu_features"] = hashlib.sha256(" ".join(cpu_features()).encode()).hexdigest()[:16]
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return key, ident
+
+
+def build_dir_for(t: Target, src: Source, key: str) -> Path:
+    return paths.sub("builds") / f"{t.name}-{src.short}-{key}"
+
+
+def find(src: Source, t: Target, tools=TOOLS) -> Build | None:
+    key, _ = build_key(src, t, tools)
+    d = build_dir_for(t, src, key)
+    man = d / MANIFEST
+    if man.exists() and all((d / "bin" / x).exists() for x in tools):
+        return Build(d, json.loads(man.read_text()))
+    return None
+
+
+def ensure(src: Source, t: Target, tools=TOOLS, jobs: int | None = None,
+           progress: Callable[[float, str], None] | None = None) -> Build:
+    """Return the cached build, or configure + build it now."""
+    hit = find(src, t, tools)
+    if hit:
+        return hit
+    check_toolchain(t)
+    key, ident = build_key(src, t, tools)
+    d = build_dir_for(t, src, key)
+    free = shutil.disk_usage(paths.home()).free
+    if free < MIN_FREE_BYTES:
+        raise DevicelabError(f"not enough disk for a llama.cpp build: {free / 1e9:.1f} GB free in {paths.home()}, "
+                             f"need {MIN_FREE_BYTES / 1e9:.0f} GB; free space or set DEVICELAB_HOME elsewhere")
+    d.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ)
+    flags = t.cmake_flags()
+    launcher = {}
+    if shutil.which("ccache"):
+        launcher = {"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"}
+        env.setdefault("CCACHE_BASEDIR", str(paths.home()))   # stable relative paths → hits across build dirs
+        env.setdefault("CCACHE_DIR", str(paths.home() / "ccache"))
+        env.setdefault("CCACHE_NOHASHDIR", "1")
+    configure = ["cmake", "-S", str(src.path), "-B", str(d)] + \
+        [f"-D{k}={v}" for k, v in {**flags, **launcher}.items()]
+    jobs = jobs or os.cpu_count() or 2
+    compile_ = ["cmake", "--build", str(d), "-j", str(jobs), "--target", *tools]
+    log = d / "build.log"
+    log.write_text("")
+    t0 = time.time()
+    for step, argv in (("configure", configure), ("build", compile_)):
+        _stream(argv, log, env, step, progress)
+    missing = [x for x in tools if not (d / "bin" / x).exists()]
+    if missing:
+        raise DevicelabError(f"build finished but {', '.join(missing)} missing in {d / 'bin'}; see {log}",
+                             detail=tail(log.read_text(errors="replace")))
+    manifest = {
+        "key": key, **ident, "source_path": str(src.path), "source_origin": src.origin,
+        "cmake_configure": configure, "cmake_build": compile_, "ccache": bool(launcher),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "build_seconds": round(time.time() - t0, 1),
+        "host": platform.node(), "cpu_features": cpu_features(),
+        "tools": {x: hashlib.sha256((d / "bin" / x).read_bytes()).hexdigest() for x in tools},
+    }
+    (d / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return Build(d, manifest)
+
+
+_PCT = re.compile(r"^\[\s*(\d+)%\]")
+
+
+def _stream(argv: list[str], log: Path, env: dict, step: str, progress) -> None:
+    with open(log, "a") as fh:
+        fh.write("$ " + " ".join(argv) + "\n")
+        fh.flush()
+        try:
+            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                 errors="replace")
+        except FileNotFoundError as e:
+            raise DevicelabError(f"{argv[0]} not found; install cmake and a C/C++ compiler") from e
+        for line in p.stdout:
+            fh.write(line)
+            m = _PCT.match(line)
+            if progress and m:
+                progress(float(m.group(1)), line.strip()[:80])
+        rc = p.wait()
+    if rc != 0:
+        text = log.read_text(errors="replace")
+        errs = [l.strip() for l in text.splitlines() if re.search(r"\berror\b|CMake Error", l, re.I)]
+        first = errs[0][:200] if errs else f"exit status {rc}"
+        raise DevicelabError(f"llama.cpp {step} failed: {first} (log: {log})", detail=tail(text, 30))

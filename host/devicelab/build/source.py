@@ -1,0 +1,126 @@
+"""The pinned llama.cpp source: the tree vendored in a llama-cpp-python sdist (default) or a local
+checkout / extracted tree / sdist file. Everything downstream is keyed by the commit read from it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .. import paths
+from ..errors import DevicelabError
+
+DEFAULT_SOURCE = "pypi:llama-cpp-python==0.3.36"
+
+
+@dataclass(frozen=True)
+class Source:
+    path: Path          # the llama.cpp tree (has CMakeLists.txt and ggml/)
+    commit: str         # full hash
+    origin: str         # what the user asked for
+    dirty: bool = False
+
+    @property
+    def short(self) -> str:
+        return self.commit[:7]
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["path"] = str(self.path)
+        return d
+
+
+def _is_llama_tree(p: Path) -> bool:
+    return (p / "CMakeLists.txt").exists() and (p / "ggml").is_dir() and (p / "tools").is_dir()
+
+
+def _git_commit(tree: Path) -> tuple[str, bool] | None:
+    try:
+        head = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        head = None
+    if head is not None and head.returncode == 0 and len(head.stdout.strip()) >= 7:
+        # a shallow sdist tree reports 'dirty' from stat noise; only a checkout's content changes count
+        diff = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+                              capture_output=True, text=True, timeout=60)
+        return head.stdout.strip(), bool(diff.stdout.strip())
+    # a `.git` file pointing at a gitdir we can read without git
+    gitfile = tree / ".git"
+    if gitfile.is_file():
+        txt = gitfile.read_text().strip()
+        if txt.startswith("gitdir:"):
+            head_file = (tree / txt.split(":", 1)[1].strip()) / "HEAD"
+            if head_file.exists():
+                h = head_file.read_text().strip()
+                if len(h) == 40:
+                    return h, False
+    return None
+
+
+def _locate_tree(p: Path) -> Path:
+    for cand in (p, p / "vendor" / "llama.cpp"):
+        if _is_llama_tree(cand):
+            return cand
+    raise DevicelabError(f"{p} is not a llama.cpp tree (no CMakeLists.txt + ggml/ + tools/, nor vendor/llama.cpp); "
+                         "give a llama.cpp checkout, an extracted llama-cpp-python sdist, or 'pypi:llama-cpp-python==VERSION'")
+
+
+def _extract_sdist(archive: Path) -> Path:
+    name = archive.name.removesuffix(".tar.gz")
+    dest = paths.sub("sources") / name
+    marker = dest / ".devicelab-extracted"
+    if not marker.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive) as tf:
+            tf.extractall(dest.parent, filter="tar")
+        if not dest.exists():
+            raise DevicelabError(f"{archive} did not unpack into {name}/; is it a llama-cpp-python sdist?")
+        marker.write_text(str(archive))
+    return dest
+
+
+def _pip_download(requirement: str) -> Path:
+    dl = paths.sub("downloads")
+    pkg = requirement.split("==")[0].replace("-", "_")
+    if "==" in requirement:
+        hit = dl / f"{pkg}-{requirement.split('==')[1]}.tar.gz"
+        if hit.exists():
+            return hit
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+                        requirement, "-d", str(dl)], capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise DevicelabError(f"could not download {requirement} from the package registry ({last}); "
+                             "check the version, or give a local llama.cpp checkout with --source PATH")
+    hits = sorted(dl.glob(f"{pkg}-*.tar.gz"), key=lambda p: p.stat().st_mtime)
+    if not hits:
+        raise DevicelabError(f"pip downloaded no sdist for {requirement} into {dl}")
+    return hits[-1]
+
+
+def resolve(spec: str | None = None) -> Source:
+    """Turn a source spec into a Source with its commit. Specs: 'pypi:llama-cpp-python==X.Y.Z',
+    a path to a llama.cpp checkout / extracted sdist, or a path to a sdist .tar.gz."""
+    spec = spec or DEFAULT_SOURCE
+    if spec.startswith("pypi:"):
+        root = _extract_sdist(_pip_download(spec[len("pypi:"):]))
+    else:
+        p = Path(spec).expanduser()
+        if not p.exists():
+            raise DevicelabError(f"llama.cpp source {spec} does not exist; give a checkout path or '{DEFAULT_SOURCE}'")
+        root = _extract_sdist(p) if p.is_file() and p.name.endswith(".tar.gz") else p
+    tree = _locate_tree(root.resolve())
+    cache = tree / ".devicelab-source.json"
+    got = _git_commit(tree)
+    if got is None:
+        raise DevicelabError(f"cannot read the commit of {tree} (no git metadata); use a git checkout of llama.cpp")
+    commit, dirty = got
+    src = Source(path=tree, commit=commit, origin=spec, dirty=dirty)
+    try:
+        cache.write_text(json.dumps(src.to_json(), indent=1))
+    except OSError:
+        pass
+    return src

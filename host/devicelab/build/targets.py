@@ -1,0 +1,131 @@
+"""One description per build target: toolchain, CMake flags, CPU architecture.
+
+Only data and pure functions live here, so every target's build plan can be unit-tested on a machine
+that lacks its toolchain (NDK, Xcode)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import DevicelabError
+
+# the tools the lab runs; llama-completion is the non-interactive generator (llama-cli became a chat UI)
+TOOLS = ("llama-bench", "llama-perplexity", "llama-quantize", "llama-server", "llama-completion", "llama-batched-bench")
+
+# flags every target gets: offline-safe (no web UI download, no HTTPS), no tests/examples, static libs
+COMMON_FLAGS = {
+    "CMAKE_BUILD_TYPE": "Release",
+    "LLAMA_USE_PREBUILT_UI": "OFF",
+    "LLAMA_BUILD_UI": "OFF",
+    "LLAMA_OPENSSL": "OFF",
+    "LLAMA_BUILD_TESTS": "OFF",
+    "LLAMA_BUILD_EXAMPLES": "OFF",
+    "LLAMA_BUILD_APP": "OFF",
+    "BUILD_SHARED_LIBS": "OFF",
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                      # e.g. "x86_64-linux-native"
+    os: str                        # linux | android | darwin
+    arch: str                      # x86_64 | aarch64 | arm64
+    where: str                     # "host" (built here) | "device" (built on the device over its transport)
+    flags: dict = field(default_factory=dict)
+    toolchain: str = "system"      # human description recorded in the manifest
+
+    def cmake_flags(self) -> dict:
+        out = dict(COMMON_FLAGS)
+        out.update(self.flags)
+        return out
+
+
+def local_native() -> Target:
+    arch = platform.machine().lower()
+    system = platform.system().lower()
+    flags = {"GGML_NATIVE": "ON"}
+    if system == "darwin":
+        flags["GGML_METAL"] = "ON"
+    return Target(name=f"{arch}-{system}-native", os=system, arch=arch, where="host", flags=flags,
+                  toolchain=os.environ.get("CC", "cc"))
+
+
+def arm_arch_flag(cpu_features: set[str]) -> str:
+    """GGML_CPU_ARM_ARCH for a board/phone from its /proc/cpuinfo 'Features' (asimddp=dotprod, i8mm, sve)."""
+    arch = "armv8.2-a" if {"asimddp", "i8mm", "sve", "asimdhp"} & cpu_features else "armv8-a"
+    ext = []
+    if "asimddp" in cpu_features:
+        ext.append("dotprod")
+    if "i8mm" in cpu_features:
+        ext.append("i8mm")
+    if "sve" in cpu_features:
+        ext.append("sve")
+    if "asimdhp" in cpu_features and arch != "armv8-a":
+        ext.append("fp16")
+    return "+".join([arch, *ext])
+
+
+def aarch64_cross_static(cpu_features: set[str] | None = None) -> Target:
+    """Static aarch64 Linux build with Debian's gcc-aarch64-linux-gnu; runs on boards and on Android's kernel.
+    OpenMP off: libgomp cannot be linked statically."""
+    flags = {
+        "CMAKE_SYSTEM_NAME": "Linux",
+        "CMAKE_SYSTEM_PROCESSOR": "aarch64",
+        "CMAKE_C_COMPILER": "aarch64-linux-gnu-gcc",
+        "CMAKE_CXX_COMPILER": "aarch64-linux-gnu-g++",
+        "CMAKE_EXE_LINKER_FLAGS": "-static",
+        "GGML_NATIVE": "OFF",
+        "GGML_OPENMP": "OFF",
+        "LLAMA_SUBPROCESS": "OFF",
+        "GGML_CPU_ARM_ARCH": arm_arch_flag(cpu_features or set()),
+    }
+    return Target(name="aarch64-linux-static", os="linux", arch="aarch64", where="host", flags=flags,
+                  toolchain="aarch64-linux-gnu-gcc")
+
+
+def android_ndk(ndk: Path, cpu_features: set[str] | None = None, platform_level: int = 28) -> Target:
+    """arm64-v8a build with the NDK's CMake toolchain, as llama.cpp's docs/android.md describes."""
+    flags = {
+        "CMAKE_TOOLCHAIN_FILE": str(Path(ndk) / "build" / "cmake" / "android.toolchain.cmake"),
+        "ANDROID_ABI": "arm64-v8a",
+        "ANDROID_PLATFORM": f"android-{platform_level}",
+        "GGML_NATIVE": "OFF",
+        "GGML_OPENMP": "OFF",
+        "GGML_LLAMAFILE": "OFF",
+        "GGML_CPU_ARM_ARCH": arm_arch_flag(cpu_features or set()),
+    }
+    return Target(name="arm64-v8a-android", os="android", arch="aarch64", where="host", flags=flags,
+                  toolchain=f"ndk:{ndk}")
+
+
+def find_ndk() -> Path | None:
+    for var in ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT", "ANDROID_NDK"):
+        v = os.environ.get(var)
+        if v and (Path(v) / "build" / "cmake" / "android.toolchain.cmake").exists():
+            return Path(v)
+    return None
+
+
+def macos_metal() -> Target:
+    """Native build on a Mac over SSH, Metal backend with the shaders embedded in the binary."""
+    return Target(name="arm64-darwin-metal", os="darwin", arch="arm64", where="device",
+                  flags={"GGML_NATIVE": "ON", "GGML_METAL": "ON", "GGML_METAL_EMBED_LIBRARY": "ON"},
+                  toolchain="xcode clang (on the Mac)")
+
+
+def check_toolchain(t: Target) -> None:
+    if t.where != "host":
+        return
+    need = ["cmake"]
+    if "CMAKE_C_COMPILER" in t.flags:
+        need.append(t.flags["CMAKE_C_COMPILER"])
+    else:
+        need.append(os.environ.get("CC", "cc"))
+    for exe in need:
+        if shutil.which(exe) is None:
+            pkg = {"cmake": "cmake", "aarch64-linux-gnu-gcc": "gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"}.get(exe, "build-essential")
+            raise DevicelabError(f"{exe} not found on PATH; install it (Debian: apt-get install {pkg})")

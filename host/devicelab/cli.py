@@ -1,0 +1,335 @@
+"""Click commands only: parse, call one function, print."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from .errors import DevicelabError
+
+def _console(**kw) -> Console:
+    c = Console(highlight=False, **kw)
+    if not c.is_terminal and "COLUMNS" not in os.environ:
+        c = Console(highlight=False, width=180, **kw)   # logs and pipes: don't squeeze tables to 80 columns
+    return c
+
+
+console = _console()
+err = _console(stderr=True)
+
+
+def _lab_dir(v: str | None) -> Path:
+    return Path(v or os.environ.get("DEVICELAB_LAB_DIR") or "labdata")
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except DevicelabError as e:
+            err.print(f"[bold red]error:[/] {e}")
+            if getattr(e, "detail", None) and os.environ.get("DEVICELAB_QUIET_DETAIL") != "1":
+                err.print(e.detail, markup=False, style="dim")
+            sys.exit(2)
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="devicelab")
+def main():
+    """devicelab: build llama.cpp per device, make a quant ladder, measure it, pick a quant."""
+
+
+# ---------------------------------------------------------------- source / build / model
+@main.command()
+@click.option("--source", "spec", default=None, help="pypi:llama-cpp-python==X, a llama.cpp checkout, or an sdist file")
+def source(spec):
+    """Resolve the pinned llama.cpp source and print its commit."""
+    from .build import source as s
+    src = s.resolve(spec)
+    console.print(f"llama.cpp {src.commit} {'(dirty) ' if src.dirty else ''}at {src.path}  [dim]from {src.origin}[/]")
+
+
+@main.command()
+@click.option("--source", "spec", default=None)
+@click.option("-j", "--jobs", type=int, default=None)
+def build(spec, jobs):
+    """Build (or reuse) llama.cpp for this machine."""
+    from .build import cache, source as s, targets
+    src = s.resolve(spec)
+    with _progress() as prog:
+        task = prog.add_task("build", total=100)
+        b = cache.ensure(src, targets.local_native(), jobs=jobs,
+                         progress=lambda pct, line: prog.update(task, completed=pct, description=line[:50]))
+        prog.update(task, completed=100)
+    console.print(f"build {b.key} for {b.manifest['target']} at {b.dir / 'bin'} (commit {b.manifest['commit'][:12]})")
+
+
+@main.group()
+def model():
+    """Model files: metadata and quant ladders."""
+
+
+@model.command("info")
+@click.argument("spec")
+@click.option("--json", "as_json", is_flag=True)
+def model_info(spec, as_json):
+    """Print GGUF metadata and the real tensor type mix of a model (path or pypi:PACKAGE==V)."""
+    from .models import gguf_info, store
+    info = gguf_info.read(store.resolve(spec))
+    if as_json:
+        click.echo(json.dumps(info.to_json(), indent=1))
+        return
+    console.print(f"{info.name} ({info.arch}) {info.n_params / 1e6:.1f} M params, {info.bytes / 1024**2:.1f} MiB, "
+                  f"{info.bpw:.3f} bits/weight; layers {info.n_layer}, KV heads {info.n_head_kv}, ctx {info.n_ctx_train}")
+    t = Table("tensor type", "tensors", "params", "MiB")
+    for ty, n in sorted(info.tensor_types.items(), key=lambda kv: -info.tensor_type_params[kv[0]]):
+        t.add_row(ty, str(n), f"{info.tensor_type_params[ty] / 1e6:.2f} M", f"{info.tensor_type_bytes[ty] / 1024**2:.1f}")
+    console.print(t)
+
+
+@model.command("ladder")
+@click.option("--model", "spec", default=None, help="GGUF path or pypi:PACKAGE==V (default SmolLM2-135M)")
+@click.option("--name", default="smollm2-135m")
+@click.option("--quants", default=None, help="comma-separated, default the full ladder")
+@click.option("--source", "src_spec", default=None)
+def model_ladder(spec, name, quants, src_spec):
+    """Make the F16 base and the quant ladder with llama-quantize."""
+    from .build import cache, source as s, targets
+    from .models import ladder as lad, store
+    qs = [lad.check_quant(q) for q in quants.split(",")] if quants else lad.DEFAULT_LADDER
+    src = s.resolve(src_spec)
+    b = cache.ensure(src, targets.local_native())
+    L = lad.Ladder(name, store.resolve(spec), b.tool("llama-quantize"), {"quantized_with_build": b.key})
+    t = Table("quant", "MiB", "bits/weight", "tensor types")
+    for q, f in L.make(qs, progress=lambda q: console.print(f"[dim]quantize {q}[/]")).items():
+        t.add_row(q, f"{f.manifest['bytes'] / 1024**2:.1f}", f"{f.manifest['bpw']:.3f}",
+                  ", ".join(f"{k}×{v}" for k, v in sorted(f.manifest["tensor_types"].items())))
+    console.print(t)
+
+
+# ---------------------------------------------------------------- run / results / recommend
+def _progress():
+    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
+                    console=err, transient=True)
+
+
+class _RichEvents:
+    def __init__(self, prog: Progress):
+        self.p = prog
+        self.build_task = None
+        self.cell_task = None
+
+    def stage(self, text):
+        self.p.console.print(f"[cyan]•[/] {text}")
+
+    def build_progress(self, pct, line):
+        if self.build_task is None:
+            self.build_task = self.p.add_task("compiling llama.cpp", total=100)
+        self.p.update(self.build_task, completed=pct)
+        if pct >= 100:
+            self.p.remove_task(self.build_task)
+            self.build_task = None
+
+    def cells(self, total):
+        self.cell_task = self.p.add_task("cells", total=max(total, 1))
+        if total == 0:
+            self.p.update(self.cell_task, completed=1, description="cells: all done already")
+
+    def cell_start(self, cell):
+        self.p.update(self.cell_task, description=f"cell {cell.label()}")
+
+    def cell_done(self, cell, ok, note=""):
+        self.p.advance(self.cell_task)
+        if not ok:
+            self.p.console.print(f"[red]✗[/] {cell.label()}: {note}")
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(path_type=Path))
+@click.option("--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')")
+@click.option("--lab-dir", default=None, help="where the ledger and artifacts live (default ./labdata)")
+@click.option("--source", "src_spec", default=None, help="override the recipe's llama.cpp source")
+@click.option("-j", "--jobs", type=int, default=None)
+def run(recipe, lab_file, lab_dir, src_spec, jobs):
+    """Run a recipe; finished cells are skipped, an interrupted run resumes."""
+    from .run import Executor
+    ex = Executor(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs)
+    with _progress() as prog:
+        ex.ev = _RichEvents(prog)
+        rep = ex.run()
+    console.print(f"run {rep.run_id}: {rep.total} cells, {rep.skipped} already done, {rep.ran} ran, "
+                  f"{len(rep.failed)} failed ({rep.seconds:.1f} s)")
+    rows = ex.ledger.rows_frame(recipe=ex.recipe.name)
+    _print_wide(rows)
+    _print_recs(rows, ex.recipe.recommend)
+    if rep.failed:
+        err.print(f"[red]{len(rep.failed)} cell(s) failed[/]; see `devicelab cells` and run again to retry")
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--lab-dir", default=None)
+@click.option("--recipe", default=None, help="recipe name filter")
+def cells(lab_dir, recipe):
+    """List cells and their status."""
+    from .ledger import Ledger
+    led = Ledger(_lab_dir(lab_dir) / "ledger.sqlite")
+    t = Table("cell", "recipe", "device", "model", "quant", "payload", "params", "status", "tries", "error")
+    for c in led.cells(recipe):
+        t.add_row(c["cell_id"], c["recipe"], c["device"], c["model"], c["quant"], c["payload"],
+                  c["params"][:40], c["status"], str(c["attempts"]), (c["error"] or "")[:60])
+    console.print(t)
+
+
+def _load_rows(lab_dir, recipe, from_file):
+    import pandas as pd
+    if from_file:
+        p = Path(from_file)
+        if not p.exists():
+            raise DevicelabError(f"{p} does not exist; export one with `devicelab results --export {p.name}`")
+        df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
+        return df[df["recipe"] == recipe] if recipe else df
+    from .ledger import Ledger
+    return Ledger(_lab_dir(lab_dir) / "ledger.sqlite").rows_frame(recipe=recipe)
+
+
+@main.command()
+@click.option("--lab-dir", default=None)
+@click.option("--recipe", default=None)
+@click.option("--export", "export", default=None, help="write rows to FILE.csv or FILE.parquet")
+@click.option("--wide", is_flag=True, help="export the per-quant summary instead of long rows")
+def results(lab_dir, recipe, export, wide):
+    """Show (and export) normalized results."""
+    from .tables import wide as widen
+    rows = _load_rows(lab_dir, recipe, None)
+    if export:
+        df = widen(rows) if wide else rows
+        p = Path(export)
+        if p.suffix == ".parquet":
+            df.to_parquet(p, index=False)
+        elif p.suffix == ".csv":
+            df.to_csv(p, index=False)
+        else:
+            raise DevicelabError(f"--export {export}: use a .csv or .parquet file name")
+        console.print(f"wrote {len(df)} rows to {p}")
+    _print_wide(rows)
+
+
+@main.command()
+@click.option("--lab-dir", default=None)
+@click.option("--recipe", "recipe_file", type=click.Path(path_type=Path), default=None,
+              help="recipe file whose recommend: constraints apply (and whose rows are used)")
+@click.option("--from", "from_file", default=None, help="an exported results .parquet/.csv instead of the ledger")
+@click.option("--context", type=int, default=None)
+@click.option("--max-kld", type=float, default=None)
+@click.option("--max-ppl-ratio", type=float, default=None)
+@click.option("--min-decode-tps", type=float, default=None)
+@click.option("--max-energy-per-token", type=float, default=None)
+@click.option("--prefer", type=click.Choice(["smallest", "fastest", "best_quality"]), default=None)
+@click.option("--json", "as_json", is_flag=True)
+def recommend(lab_dir, recipe_file, from_file, context, max_kld, max_ppl_ratio, min_decode_tps,
+              max_energy_per_token, prefer, as_json):
+    """Per device: the quant to ship, and why every other one lost."""
+    from . import recipes
+    from .recipes import RecommendSpec
+    name = None
+    spec = RecommendSpec()
+    if recipe_file:
+        r, _ = recipes.load(recipe_file)
+        spec, name = r.recommend, r.name
+    over = {k: v for k, v in dict(context=context, max_kld_mean=max_kld, max_ppl_ratio=max_ppl_ratio,
+                                  min_decode_tps=min_decode_tps, max_energy_per_token=max_energy_per_token,
+                                  prefer=prefer).items() if v is not None}
+    spec = spec.model_copy(update=over)
+    rows = _load_rows(lab_dir, name, from_file)
+    _print_recs(rows, spec, as_json=as_json)
+
+
+@main.command("import-bench")
+@click.argument("files", nargs=-1, type=click.Path(exists=True, path_type=Path), required=True)
+@click.option("--device", required=True, help="device name the results came from")
+@click.option("--recipe", default="imported")
+@click.option("--lab-dir", default=None)
+def import_bench(files, device, recipe, lab_dir):
+    """Import existing llama-bench JSON/JSONL output into the ledger."""
+    from .importer import import_files
+    n = import_files(files, device, recipe, _lab_dir(lab_dir))
+    console.print(f"imported {n} rows from {len(files)} file(s) as recipe {recipe!r}")
+
+
+# ---------------------------------------------------------------- devices
+@main.group()
+def devices():
+    """Devices in the lab file."""
+
+
+@devices.command("probe")
+@click.option("--lab", "lab_file", type=click.Path(path_type=Path), default=None)
+@click.argument("names", nargs=-1)
+def devices_probe(lab_file, names):
+    """Which telemetry sources each device has and can read."""
+    from .probe import probe
+    from . import lab as labmod
+    lab = labmod.load(lab_file)
+    for d in lab.devices:
+        if names and d.name not in names:
+            continue
+        res = probe(d)
+        console.print(f"[bold]{d.name}[/] ({d.transport})")
+        for src, (ok, detail) in res.items():
+            mark = "[green]yes[/]" if ok else "[yellow]no[/] "
+            console.print(f"  {mark} {src}: {detail}")
+
+
+# ---------------------------------------------------------------- printing
+def _fmt(v, f="{:.2f}"):
+    import math
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    return f.format(v)
+
+
+def _print_wide(rows):
+    from .tables import wide
+    w = wide(rows)
+    if w.empty:
+        console.print("no results yet")
+        return
+    t = Table("device", "model", "quant", "bits/w", "MiB", "prefill t/s", "decode t/s", "mean KLD", "PPL ratio",
+              "top-1 same", "peak RSS MiB", "J/tok decode", title="results (best over threads)")
+    for _, r in w.iterrows():
+        t.add_row(r["device"], r["model"], r["quant"], _fmt(r["bpw"]), _fmt(r["model_bytes"] / 1024**2, "{:.1f}"),
+                  _fmt(r["prefill_tps"], "{:.1f}"), _fmt(r["decode_tps"], "{:.1f}"), _fmt(r["kld_mean"], "{:.4f}"),
+                  _fmt(r["ppl_ratio"], "{:.4f}"), _fmt(r["same_top_p"], "{:.1%}"),
+                  _fmt(r["peak_rss"] / 1024**2 if r["peak_rss"] == r["peak_rss"] else None, "{:.0f}"),
+                  _fmt(r["decode_j_per_tok"], "{:.3g}"))
+    console.print(t)
+
+
+def _print_recs(rows, spec, as_json=False):
+    from .recommend import recommend as rec
+    recs = rec(rows, spec)
+    if as_json:
+        click.echo(json.dumps([r.to_json() for r in recs], indent=1, default=str))
+        return
+    for r in recs:
+        head = (f"[bold green]{r.device}: ship {r.pick.model} {r.pick.quant}[/] "
+                f"({r.pick.bpw:.2f} bits/w, {r.pick.model_bytes / 1024**2:.0f} MiB, "
+                f"decode {_fmt(r.pick.decode_tps, '{:.1f}')} tok/s, KLD {_fmt(r.pick.kld_mean, '{:.4f}')})"
+                if r.pick else f"[bold red]{r.device}: no quant meets the constraints[/]")
+        console.print(head)
+        console.print(f"[dim]constraints: context {spec.context}, mean KLD ≤ {spec.max_kld_mean}, PPL ratio ≤ "
+                      f"{spec.max_ppl_ratio}, decode ≥ {spec.min_decode_tps} tok/s, RAM ≤ {spec.ram_fraction:.0%} of "
+                      f"device, energy ≤ {spec.max_energy_per_token or '—'} J/tok; prefer {spec.prefer}[/]")
+        for c in r.candidates:
+            mark = "→" if c is r.pick else ("✓" if c.passes else "✗")
+            console.print(f"  {mark} {c.model} {c.quant:7s} {c.verdict}", markup=False)
+    if not recs:
+        console.print("no results to recommend from")

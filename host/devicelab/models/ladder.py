@@ -1,0 +1,159 @@
+"""The quant ladder: an F16 base and its quantizations, made with llama-quantize and cached by the
+base's sha256. Each file gets a manifest (bytes, sha256, bits per weight, the real tensor type mix)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from .. import paths
+from ..errors import DevicelabError
+from ..hashing import sha256_file
+from ..proc import run_logged
+from . import gguf_info
+
+# recipe name -> llama-quantize type name
+QUANT_TYPES = {
+    "f32": "F32", "f16": "F16", "bf16": "BF16",
+    "q8_0": "Q8_0", "q6_k": "Q6_K",
+    "q5_k_m": "Q5_K_M", "q5_k_s": "Q5_K_S", "q5_1": "Q5_1", "q5_0": "Q5_0",
+    "q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S", "q4_1": "Q4_1", "q4_0": "Q4_0", "iq4_nl": "IQ4_NL", "iq4_xs": "IQ4_XS",
+    "q3_k_l": "Q3_K_L", "q3_k_m": "Q3_K_M", "q3_k_s": "Q3_K_S",
+    "q2_k": "Q2_K",
+}
+DEFAULT_LADDER = ["f16", "q8_0", "q5_k_m", "q5_0", "q4_k_m", "q4_0", "q3_k_m", "q2_k"]
+FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}   # general.file_type values of unquantized files
+
+
+def check_quant(name: str) -> str:
+    q = name.lower()
+    if q not in QUANT_TYPES:
+        raise DevicelabError(f"unknown quant type {name!r}; use one of {', '.join(QUANT_TYPES)}")
+    return q
+
+
+@dataclass
+class QuantFile:
+    quant: str
+    path: Path
+    sha256: str
+    manifest: dict
+
+    @property
+    def info(self) -> dict:
+        return self.manifest["info"]
+
+
+def _manifest_path(p: Path) -> Path:
+    return p.with_name(p.name + ".devicelab.json")
+
+
+def _finish(quant: str, out: Path, extra: dict) -> QuantFile:
+    info = gguf_info.read(out)
+    digest = sha256_file(out)
+    man = {"quant": quant, "file": out.name, "bytes": out.stat().st_size, "sha256": digest,
+           "bpw": info.bpw, "tensor_bpw": info.tensor_bpw, "tensor_types": info.tensor_types,
+           "info": info.to_json(), **extra}
+    _manifest_path(out).write_text(json.dumps(man, indent=1))
+    return QuantFile(quant, out, digest, man)
+
+
+def _cached(out: Path) -> QuantFile | None:
+    mp = _manifest_path(out)
+    if out.exists() and mp.exists():
+        man = json.loads(mp.read_text())
+        if man.get("bytes") == out.stat().st_size:
+            return QuantFile(man["quant"], out, man["sha256"], man)
+    return None
+
+
+class Ladder:
+    """All quants of one model, under models/<name>/<source sha256[:12]>/."""
+
+    def __init__(self, model_name: str, source: Path, quantize_bin: Path, build_provenance: dict | None = None):
+        self.model_name = model_name
+        self.source = Path(source)
+        self.quantize = Path(quantize_bin)
+        self.build_provenance = build_provenance or {}
+        self.source_sha = sha256_file(self.source)
+        self.dir = paths.sub("models") / model_name / self.source_sha[:12]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._source_info = None
+
+    def source_info(self) -> gguf_info.ModelInfo:
+        if self._source_info is None:
+            self._source_info = gguf_info.read(self.source)
+        return self._source_info
+
+    def path_for(self, quant: str) -> Path:
+        return self.dir / f"{self.model_name}-{quant}.gguf"
+
+    def _need_disk(self, nbytes: int) -> None:
+        free = shutil.disk_usage(self.dir).free
+        if free < nbytes * 1.1 + (256 << 20):
+            raise DevicelabError(f"not enough disk to quantize {self.model_name}: {free / 1e9:.2f} GB free in "
+                                 f"{self.dir}, need about {nbytes * 1.1 / 1e9:.2f} GB; free space or set DEVICELAB_HOME")
+
+    def base(self, log: Path | None = None) -> QuantFile:
+        """The F16 base. An already-float source is used as is (its own type); a quantized source is
+        requantized to F16 with --allow-requantize, and the manifest says so."""
+        out = self.path_for("base")
+        hit = _cached(out)
+        if hit:
+            return hit
+        info = self.source_info()
+        log = log or self.dir / "quantize.log"
+        if info.file_type in FLOAT_FILE_TYPES:
+            out.unlink(missing_ok=True)
+            try:
+                out.hardlink_to(self.source)
+            except OSError:
+                shutil.copyfile(self.source, out)
+            return _finish("base", out, {"base_type": FLOAT_FILE_TYPES[info.file_type], "requantized_from": None,
+                                         "source": str(self.source), "source_sha256": self.source_sha})
+        self._need_disk(info.n_params * 2)
+        tmp = out.with_suffix(".tmp.gguf")
+        run_logged([self.quantize, "--allow-requantize", self.source, tmp, "F16"], log,
+                   what=f"llama-quantize {self.model_name} → F16 base")
+        tmp.rename(out)
+        return _finish("base", out, {"base_type": "f16", "requantized_from": info.dominant_type(),
+                                     "source": str(self.source), "source_sha256": self.source_sha,
+                                     "note": f"F16 base made from a {info.dominant_type()} file: quality is "
+                                             "measured relative to that file, not to the original weights",
+                                     **self.build_provenance})
+
+    def quant(self, quant: str, threads: int | None = None, imatrix: Path | None = None) -> QuantFile:
+        quant = check_quant(quant)
+        base = self.base()
+        if quant == base.manifest.get("base_type"):
+            return QuantFile(quant, base.path, base.sha256, {**base.manifest, "quant": quant})
+        out = self.path_for(quant)
+        hit = _cached(out)
+        if hit:
+            return hit
+        self._need_disk(base.manifest["bytes"])
+        tmp = out.with_suffix(".tmp.gguf")
+        argv = [str(self.quantize)]
+        if imatrix:
+            argv += ["--imatrix", str(imatrix)]
+        argv += [str(base.path), str(tmp), QUANT_TYPES[quant]]
+        if threads:
+            argv.append(str(threads))
+        t0 = time.time()
+        run_logged(argv, self.dir / "quantize.log", what=f"llama-quantize {self.model_name} → {quant}")
+        tmp.rename(out)
+        return _finish(quant, out, {"base_sha256": base.sha256, "quantize_argv": argv[1:],
+                                    "quantize_seconds": round(time.time() - t0, 2),
+                                    "imatrix": str(imatrix) if imatrix else None, **self.build_provenance})
+
+    def make(self, quants: list[str], progress: Callable[[str], None] | None = None) -> dict[str, QuantFile]:
+        out = {}
+        for q in quants:
+            if progress:
+                progress(q)
+            out[q] = self.quant(q)
+        return out

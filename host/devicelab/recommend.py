@@ -1,0 +1,160 @@
+"""Recommendation per device: the quant that fits RAM (weights + KV cache at the recipe's context +
+measured runtime overhead), meets the quality bar, the speed target and the energy budget — with the
+reason every other candidate lost. Works from the ledger or from an exported table alone."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from .recipes import RecommendSpec
+
+DEFAULT_OVERHEAD = 64 * 1024**2   # used only when no peak RSS was measured for the model (and said so)
+
+
+@dataclass
+class Candidate:
+    device: str
+    model: str
+    quant: str
+    model_bytes: int
+    bpw: float
+    kv_bytes: int | None
+    overhead_bytes: int | None
+    overhead_measured: bool
+    ram_need: int | None
+    ram_budget: int | None
+    decode_tps: float | None
+    decode_threads: int | None
+    prefill_tps: float | None
+    kld_mean: float | None
+    ppl_ratio: float | None
+    energy_per_token: float | None
+    failures: list[str] = field(default_factory=list)
+    verdict: str = ""
+
+    @property
+    def passes(self) -> bool:
+        return not self.failures
+
+
+@dataclass
+class DeviceRecommendation:
+    device: str
+    pick: Candidate | None
+    candidates: list[Candidate]
+    spec: dict
+
+    def to_json(self) -> dict:
+        return {"device": self.device, "pick": asdict(self.pick) if self.pick else None,
+                "candidates": [asdict(c) for c in self.candidates], "constraints": self.spec}
+
+
+def _num(x):
+    if x is None:
+        return None
+    try:
+        f = float(x)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(f) else f
+
+
+def _metric(df: pd.DataFrame, metric: str, how: str = "max", phase: str | None = None):
+    d = df[df["metric"] == metric]
+    if phase:
+        d = d[d["phase"] == phase]
+    d = d[d["value"].notna()]
+    if d.empty:
+        return None, None
+    i = d["value"].idxmax() if how == "max" else d["value"].idxmin()
+    return float(d.loc[i, "value"]), d.loc[i]
+
+
+def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
+    out = []
+    if rows.empty:
+        return out
+    for (device, model, quant), g in rows.groupby(["device", "model", "quant"], sort=False):
+        first = g.iloc[0]
+        mbytes = int(first["model_bytes"])
+        kvpt = _num(first["kv_bytes_per_token"])
+        kv = int(kvpt * spec.context) if kvpt else None
+        # runtime overhead from the bench cells: peak RSS − weights − KV at the bench's own context
+        overheads = []
+        for _, cg in g[g["payload"] == "bench"].groupby("cell_id"):
+            rss = cg[(cg["metric"] == "peak_rss") & cg["value"].notna()]["value"]
+            if rss.empty:
+                continue
+            nctx = (cg["n_prompt"].fillna(0) + cg["n_gen"].fillna(0) + cg["n_depth"].fillna(0)).max()
+            overheads.append(max(0.0, float(rss.max()) - mbytes - (kvpt or 0) * float(nctx)))
+        overhead = int(max(overheads)) if overheads else None
+        budget_raw = _num(first["device_mem_bytes"])
+        budget = int(budget_raw * spec.ram_fraction) if budget_raw else None
+        dec, drow = _metric(g, "decode_tps")
+        pre, _ = _metric(g, "prefill_tps")
+        kld, _ = _metric(g, "kld_mean")
+        ppl, _ = _metric(g, "ppl_ratio")
+        ept, _ = _metric(g[g["phase"] == "decode"], "energy_per_token", how="min")
+        c = Candidate(device, model, quant, mbytes, float(first["bpw"]), kv, overhead, overhead is not None,
+                      None, budget, dec, int(drow["threads"]) if drow is not None and pd.notna(drow["threads"]) else None,
+                      pre, kld, ppl, ept)
+        ov = overhead if overhead is not None else DEFAULT_OVERHEAD
+        c.ram_need = mbytes + (kv or 0) + ov
+        mb = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
+        if budget is None:
+            c.failures.append("device RAM unknown: set ram_budget_bytes in the lab file")
+        elif c.ram_need > budget:
+            c.failures.append(f"needs {mb(c.ram_need)} (weights {mb(mbytes)} + KV@{spec.context} {mb(kv or 0)} + "
+                              f"runtime {mb(ov)}) > budget {mb(budget)}")
+        if kld is None:
+            c.failures.append("no KLD measured")
+        elif kld > spec.max_kld_mean:
+            c.failures.append(f"mean KLD {kld:.4f} > {spec.max_kld_mean}")
+        if ppl is not None and ppl > spec.max_ppl_ratio:
+            c.failures.append(f"PPL ratio {ppl:.4f} > {spec.max_ppl_ratio}")
+        if dec is None:
+            c.failures.append("no decode speed measured")
+        elif dec < spec.min_decode_tps:
+            c.failures.append(f"decode {dec:.1f} tok/s < {spec.min_decode_tps}")
+        if spec.max_energy_per_token is not None:
+            if ept is None:
+                c.failures.append("energy per token not measurable on this device (no power source)")
+            elif ept > spec.max_energy_per_token:
+                c.failures.append(f"decode energy {ept:.4g} J/tok > {spec.max_energy_per_token}")
+        if overhead is None:
+            c.verdict = f"runtime overhead not measured: assumed {mb(DEFAULT_OVERHEAD)}"
+        out.append(c)
+    return out
+
+
+def _rank_key(prefer: str):
+    if prefer == "fastest":
+        return lambda c: (-(c.decode_tps or 0), c.model_bytes)
+    if prefer == "best_quality":
+        return lambda c: (c.kld_mean if c.kld_mean is not None else math.inf, c.model_bytes)
+    return lambda c: (c.model_bytes, c.kld_mean if c.kld_mean is not None else math.inf)
+
+
+def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendation]:
+    recs = []
+    cands = candidates(rows, spec)
+    for device in dict.fromkeys(c.device for c in cands):
+        cs = [c for c in cands if c.device == device]
+        ok = sorted((c for c in cs if c.passes), key=_rank_key(spec.prefer))
+        pick = ok[0] if ok else None
+        for c in cs:
+            if c is pick:
+                c.verdict = (f"picked: {spec.prefer} of {len(ok)} passing" + (f"; {c.verdict}" if c.verdict else ""))
+            elif c.passes:
+                why = {"smallest": f"passes, but larger ({c.model_bytes / 1024**2:.0f} MiB vs "
+                                   f"{pick.model_bytes / 1024**2:.0f} MiB)",
+                       "fastest": f"passes, but slower ({c.decode_tps:.1f} vs {pick.decode_tps:.1f} tok/s)",
+                       "best_quality": f"passes, but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})"}[spec.prefer]
+                c.verdict = why
+            else:
+                c.verdict = "; ".join(c.failures)
+        recs.append(DeviceRecommendation(device, pick, sorted(cs, key=lambda c: -c.bpw), spec.model_dump()))
+    return recs

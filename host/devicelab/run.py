@@ -1,0 +1,333 @@
+"""The executor: for each device, for each pending cell — ensure build, ensure model, cool down, run
+the payload under the sampler, pull, normalize, record. Finished cells are never re-run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import facts as factsmod
+from . import kit as kitmod
+from . import lab as labmod
+from . import paths, push, recipes
+from .build import cache as buildcache
+from .build import source as sourcemod
+from .build import targets
+from .errors import DevicelabError, RetryableError
+from .hashing import sha256_file
+from .ledger import DONE, Ledger
+from .models import store
+from .models.ladder import Ladder, QuantFile
+from .payloads import bench as benchp
+from .payloads import perplexity as pplp
+from .plan import Cell, expand
+from .proc import run_logged, tail
+from .schema import Row
+from .telemetry import normalize, sampler_csv
+from .transports import open_transport
+from .transports.base import Transport
+
+PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code")
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    total: int
+    skipped: int
+    ran: int = 0
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Events:
+    """What the executor tells the user; the CLI renders it with rich."""
+
+    def stage(self, text: str) -> None: ...
+    def build_progress(self, pct: float, line: str) -> None: ...
+    def cells(self, total: int) -> None: ...
+    def cell_start(self, cell: Cell) -> None: ...
+    def cell_done(self, cell: Cell, ok: bool, note: str = "") -> None: ...
+
+
+def resolve_text(spec: str, src: sourcemod.Source) -> Path:
+    if spec.startswith("llama.cpp:"):
+        p = src.path / spec[len("llama.cpp:"):]
+    else:
+        p = Path(spec).expanduser()
+    if not p.exists():
+        raise DevicelabError(f"perplexity text {spec} not found; give a text file path or 'llama.cpp:RELATIVE/PATH'")
+    return p
+
+
+def target_for(device: labmod.Device, facts: dict) -> targets.Target:
+    if device.transport == "local":
+        return targets.local_native()
+    feats = set((facts.get("cpu.features") or "").split())
+    arch = facts.get("arch", "")
+    if device.transport == "adb":
+        ndk = targets.find_ndk()
+        return targets.android_ndk(ndk, feats) if ndk else targets.aarch64_cross_static(feats)
+    if arch in ("aarch64", "arm64") and "Darwin" not in facts.get("uname", ""):
+        return targets.aarch64_cross_static(feats)
+    if "Darwin" in facts.get("uname", ""):
+        return targets.macos_metal()
+    raise DevicelabError(f"no build target for {device.name} ({facts.get('uname')}); supported: local, aarch64 Linux, macOS")
+
+
+class Executor:
+    def __init__(self, recipe_path: Path, lab_path: Path | None, lab_dir: Path, events: Events | None = None,
+                 source_override: str | None = None, jobs: int | None = None):
+        self.recipe, self.recipe_sha = recipes.load(recipe_path)
+        self.lab = labmod.load(lab_path)
+        for d in self.recipe.devices:
+            self.lab.device(d)      # unknown device: fail before anything runs
+        self.ledger = Ledger(Path(lab_dir) / "ledger.sqlite")
+        self.ev = events or Events()
+        self.source_spec = source_override or self.recipe.source
+        self.jobs = jobs
+        self._host_build = None
+        self._ladders: dict[str, Ladder] = {}
+        self._model_paths: dict[str, Path] = {}
+
+    # ---------- lazily prepared things ----------
+    def host_build(self) -> buildcache.Build:
+        if self._host_build is None:
+            self.ev.stage("llama.cpp build for this host")
+            self._host_build = buildcache.ensure(self.src, targets.local_native(), jobs=self.jobs,
+                                                 progress=self.ev.build_progress)
+        return self._host_build
+
+    def ladder(self, model: str) -> Ladder:
+        if model not in self._ladders:
+            hb = self.host_build()
+            self._ladders[model] = Ladder(model, self._model_paths[model], hb.tool("llama-quantize"),
+                                          {"quantized_with_build": hb.key})
+        return self._ladders[model]
+
+    def kld_base(self, model: str, spec: dict) -> tuple[Path, float | None]:
+        """Base logits, made once on the host per (base file, text, ctx, chunks)."""
+        base = self.ladder(model).base()
+        text = resolve_text(spec["text"], self.src)
+        key = hashlib.sha256(json.dumps([base.sha256, sha256_file(text), spec["ctx"], spec["chunks"]]).encode()).hexdigest()[:16]
+        d = paths.sub("kld")
+        out = d / f"{model}-{key}.kld"
+        meta = out.with_suffix(".json")
+        if out.exists() and meta.exists():
+            return out, json.loads(meta.read_text()).get("ppl_base")
+        hb = self.host_build()
+        self.ev.stage(f"KLD base logits for {model} (host, once)")
+        p = pplp.KLDParams(ctx=spec["ctx"], chunks=spec["chunks"], threads=max(1, (os.cpu_count() or 2)))
+        log = d / f"{model}-{key}.log"
+        log.write_text("")
+        tmp = out.with_suffix(".part")
+        run_logged(pplp.base_argv(str(hb.tool("llama-perplexity")), str(base.path), str(text), str(tmp), p), log,
+                   what="llama-perplexity (KLD base)")
+        tmp.rename(out)
+        ppl = pplp.parse_base_ppl(log.read_text(errors="replace"))
+        meta.write_text(json.dumps({"ppl_base": ppl, "base_sha256": base.sha256, "text": str(text), **spec}))
+        return out, ppl
+
+    # ---------- main ----------
+    def run(self) -> RunReport:
+        t0 = time.time()
+        r = self.recipe
+        self.src = sourcemod.resolve(self.source_spec)
+        for m in r.models:
+            self._model_paths[m.name] = store.resolve(m.source)
+        shas = {m.name: sha256_file(self._model_paths[m.name]) for m in r.models}
+        cells = expand(r, self.src.commit, shas)
+        self.ledger.register(cells)
+        todo = [c for c in cells if self.ledger.status(c.cell_id) != DONE]
+        run_id = self.ledger.start_run(r.name, self.recipe_sha, len(cells))
+        rep = RunReport(run_id, len(cells), len(cells) - len(todo))
+        self.ev.cells(len(todo))
+        status = "done"
+        try:
+            for dev_name in r.devices:
+                dcells = [c for c in todo if c.device == dev_name]
+                if dcells:
+                    self._run_device(self.lab.device(dev_name), dcells, run_id, rep)
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        finally:
+            rep.seconds = time.time() - t0
+            if rep.failed and status == "done":
+                status = "failed"
+            self.ledger.finish_run(run_id, status, rep.ran, rep.skipped)
+        return rep
+
+    def _run_device(self, dev: labmod.Device, cells: list[Cell], run_id: str, rep: RunReport) -> None:
+        try:
+            t = open_transport(dev)
+            t.connect()
+        except DevicelabError as e:
+            for c in cells:
+                self.ledger.fail_cell(c.cell_id, str(e), retryable=True)
+                rep.failed.append(c.cell_id)
+                self.ev.cell_done(c, False, str(e))
+            return
+        try:
+            self.ev.stage(f"{dev.name}: device facts and kit")
+            kit = kitmod.ensure(t)
+            facts = factsmod.collect(t, kit)
+            tgt = target_for(dev, facts)
+            if tgt.where == "host" and tgt.name == targets.local_native().name:
+                build = self.host_build()
+            else:
+                self.ev.stage(f"llama.cpp build for {dev.name} ({tgt.name})")
+                build = buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
+            baseline = self._hottest(t, kit, dev)
+            for c in cells:
+                self.ev.cell_start(c)
+                try:
+                    self._run_cell(t, dev, kit, facts, build, baseline, c, run_id)
+                    rep.ran += 1
+                    self.ev.cell_done(c, True)
+                except KeyboardInterrupt:
+                    self.ledger.fail_cell(c.cell_id, "interrupted by the user", retryable=True)
+                    raise
+                except RetryableError as e:
+                    self.ledger.fail_cell(c.cell_id, str(e), retryable=True)
+                    rep.failed.append(c.cell_id)
+                    self.ev.cell_done(c, False, str(e))
+                except DevicelabError as e:
+                    self.ledger.fail_cell(c.cell_id, str(e), retryable=False)
+                    rep.failed.append(c.cell_id)
+                    self.ev.cell_done(c, False, str(e))
+        finally:
+            t.close()
+
+    def _hottest(self, t: Transport, kit: str, dev: labmod.Device) -> float | None:
+        r = t.run(["sh", f"{kit}/thermal.sh", dev.telemetry_root], timeout=30)
+        try:
+            return normalize.temp_to_c(float(r.stdout.strip()))
+        except ValueError:
+            return None
+
+    def _cooldown(self, t: Transport, kit: str, dev: labmod.Device, baseline: float | None) -> float:
+        """Wait (bounded) until the hottest zone is within delta of the idle baseline; seconds waited."""
+        if baseline is None:
+            return 0.0
+        spec = self.recipe.telemetry
+        t0 = time.time()
+        while time.time() - t0 < spec.cooldown_timeout_s:
+            now = self._hottest(t, kit, dev)
+            if now is None or now <= baseline + spec.cooldown_delta_c:
+                break
+            time.sleep(2.0)
+        return time.time() - t0
+
+    def _run_cell(self, t: Transport, dev: labmod.Device, kit: str, facts: dict, build: buildcache.Build,
+                  baseline: float | None, c: Cell, run_id: str) -> None:
+        lad = self.ladder(c.model)
+        qf: QuantFile = lad.quant(c.quant)
+        remote_model = push.ensure(t, qf.path, qf.sha256, qf.path.name)
+        tool = "llama-bench" if c.payload == "bench" else "llama-perplexity"
+        tb = build.tool(tool)
+        remote_tool = push.ensure(t, tb, build.manifest["tools"][tool], tool, mode="755")
+        if c.payload == "bench":
+            bp = benchp.BenchParams(prompt=tuple(c.params["prompt"]), gen=tuple(c.params["gen"]),
+                                    pg=tuple(tuple(x) for x in c.params["pg"]), depth=tuple(c.params["depth"]),
+                                    threads=c.params["threads"], repetitions=c.params["repetitions"],
+                                    warmup=c.params["warmup"], cache_type_k=c.params.get("cache_type_k"),
+                                    cache_type_v=c.params.get("cache_type_v"))
+            argv = benchp.argv(remote_tool, remote_model, bp)
+            ppl_base = None
+        else:
+            logits, ppl_base = self.kld_base(c.model, c.params)
+            remote_logits = push.ensure(t, logits, sha256_file(logits), logits.name)
+            kp = pplp.KLDParams(ctx=c.params["ctx"], chunks=c.params["chunks"],
+                                threads=c.params.get("threads") or facts.get("cpu_count") or 1)
+            argv = pplp.kld_argv(remote_tool, remote_model, remote_logits, kp)
+
+        attempt, prev = self.ledger.begin_cell(c.cell_id, run_id)
+        if prev:
+            self._kill_stale(t, prev)
+        waited = self._cooldown(t, kit, dev, baseline)
+        remote_out = posixpath.join(t.workdir(), "cells", c.cell_id, f"attempt-{attempt}")
+        local_out = self.ledger.artifacts_dir / c.cell_id / f"attempt-{attempt}"
+        self.ledger.set_artifacts(c.cell_id, remote_out)
+        runner = ["sh", f"{kit}/run_payload.sh", remote_out, str(self.recipe.telemetry.interval_ms),
+                  dev.telemetry_root, "--", *argv]
+        res = t.run(runner, timeout=6 * 3600)
+        local_out.mkdir(parents=True, exist_ok=True)
+        (local_out / "argv.json").write_text(json.dumps(runner))
+        for name in PULLED:
+            src = posixpath.join(remote_out, name)
+            try:
+                t.get(src, local_out / name)
+            except (OSError, IOError):
+                pass
+        stderr = (local_out / "stderr.txt").read_text(errors="replace") if (local_out / "stderr.txt").exists() else res.stderr
+        if res.rc != 0:
+            if not (local_out / "exit_code").exists():
+                raise RetryableError(f"{c.label()}: the payload runner did not finish ({res.stderr.strip()[:200]})")
+            raise DevicelabError(f"{c.label()}: {tool} exited {res.rc}: {tail(stderr, 3)[:300]}")
+        stdout = (local_out / "stdout.tsv").read_text(errors="replace")
+        clock = dict(l.split("=", 1) for l in (local_out / "clock").read_text().splitlines() if "=" in l)
+        trace = sampler_csv.parse((local_out / "telemetry.csv").read_text(errors="replace")
+                                  if (local_out / "telemetry.csv").exists() else "")
+        cell_window = None
+        try:
+            cell_window = (float(clock["start_s"]), float(clock["end_s"]))
+        except (KeyError, ValueError):
+            pass
+        rows: list[Row] = []
+        phases: list[normalize.Phase] = []
+        if c.payload == "bench":
+            tests = benchp.parse(stdout)
+            rows += benchp.rows(tests)
+            for bt in tests:
+                w = bt.window()
+                if w:
+                    phases.append(normalize.Phase(bt.name, bt.kind, w[0], w[1], bt.tokens * len(bt.record.get("samples_ns") or [])))
+        else:
+            rows += pplp.parse_kld(stdout + "\n" + stderr, kp)
+        summ = normalize.summarize(trace, phases, cell_window)
+        rows += summ.rows
+        if cell_window:
+            rows.append(Row(metric="wall_seconds", value=cell_window[1] - cell_window[0], phase="cell"))
+        rows.append(Row(metric="cooldown_wait", value=waited, phase="cell"))
+        info = qf.info
+        kv_per_tok = None
+        try:
+            from .models.gguf_info import ModelInfo
+            mi = ModelInfo(**{k: info[k] for k in ModelInfo.__dataclass_fields__})
+            kv_per_tok = mi.kv_cache_bytes(1)
+        except (DevicelabError, KeyError, TypeError):
+            pass
+        base_man = self.ladder(c.model).base().manifest
+        ctx = {
+            "run_id": run_id, "cell_id": c.cell_id, "recipe": c.recipe, "device": c.device,
+            "target": build.manifest["target"], "model": c.model, "quant": c.quant, "payload": c.payload,
+            "model_sha256": qf.sha256, "model_bytes": qf.manifest["bytes"], "bpw": qf.manifest["bpw"],
+            "n_params": info.get("n_params"), "kv_bytes_per_token": kv_per_tok,
+            "tensor_types": qf.manifest["tensor_types"], "base_note": base_man.get("note"),
+            "build_commit": build.manifest["commit"], "build_flags": build.manifest["flags"],
+            "build_key": build.key, "device_facts": factsmod.summary(facts),
+            "device_mem_bytes": dev.ram_budget_bytes or facts.get("mem_total_bytes"),
+            "temp_start_c": summ.temp_start_c, "temp_end_c": summ.temp_end_c, "throttled": summ.throttled,
+        }
+        if ppl_base is not None:
+            ctx["base_note"] = (ctx["base_note"] or "") + f" host base PPL {ppl_base:.4f}"
+        for row in rows:
+            row.context = ctx
+        (local_out / "calibration.json").write_text(json.dumps(summ.calibration, default=str))
+        self.ledger.finish_cell(c.cell_id, rows)
+
+    def _kill_stale(self, t: Transport, prev_remote_out: str) -> None:
+        """A previous attempt was cut off (host killed): stop what it left running on the device."""
+        pids = t.read_text(posixpath.join(prev_remote_out, "pids")) or ""
+        for kv in pids.split():
+            _, _, pid = kv.partition("=")
+            if pid.isdigit():
+                t.run(["kill", pid])

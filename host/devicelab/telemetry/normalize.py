@@ -1,0 +1,202 @@
+"""Normalize a sampler trace into schema rows: SI units, one sign convention, energy per phase.
+
+Sign convention: power and current are positive when drawn from the source (battery discharging,
+package consuming). Units as read are detected per source and the detection is recorded."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..schema import Row, missing
+from .sampler_csv import SamplerTrace
+
+NO_POWER = "no power source readable on this device (no battery current/voltage, RAPL or hwmon power)"
+
+
+@dataclass
+class Phase:
+    name: str            # e.g. "pp64" or "cell"
+    kind: str            # prefill | decode | pg | perplexity | cell
+    start: float         # device clock, s
+    end: float
+    tokens: int = 0
+
+
+@dataclass
+class Summary:
+    rows: list[Row]
+    temp_start_c: float | None = None
+    temp_end_c: float | None = None
+    throttled: bool | None = None
+    calibration: dict = field(default_factory=dict)
+
+
+def temp_to_c(v: float) -> float:
+    """Thermal zones report m°C (Linux), some vendors °C or d°C."""
+    a = abs(v)
+    if a >= 1000:
+        return v / 1000
+    if a >= 200:
+        return v / 10
+    return v
+
+
+def voltage_to_v(v: float) -> float:
+    a = abs(v)
+    if a >= 1e5:
+        return v / 1e6     # µV (sysfs standard)
+    if a >= 100:
+        return v / 1e3     # mV
+    return v
+
+
+def current_to_a(series: pd.Series) -> tuple[pd.Series, str]:
+    """µA is the sysfs standard; some vendors report mA, a few A. Decide on the median magnitude:
+    phone/board currents lie between ~1 mA and ~10 A."""
+    med = float(series.abs().median()) if len(series) else 0.0
+    if med >= 1e4:
+        return series / 1e6, "uA"
+    if med >= 10:
+        return series / 1e3, "mA"
+    return series, "A"
+
+
+def rapl_energy_j(raw: pd.Series, max_range_uj: float | None) -> pd.Series:
+    """Cumulative µJ counter → J since the first sample, with wraparound at max_energy_range_uj."""
+    v = raw.astype(float).to_numpy()
+    d = np.diff(v)
+    if max_range_uj and max_range_uj > 0:
+        d = np.where(d < 0, d + max_range_uj, d)
+    else:
+        d = np.where(d < 0, np.nan, d)
+    return pd.Series(np.concatenate([[0.0], np.nancumsum(d)]) / 1e6, index=raw.index)
+
+
+def _interp_energy(t: np.ndarray, e: np.ndarray, a: float, b: float) -> float:
+    return float(np.interp(b, t, e) - np.interp(a, t, e))
+
+
+def _integrate_power(t: np.ndarray, p: np.ndarray, a: float, b: float) -> float:
+    """∫ P dt over [a, b] by the trapezoid rule on the samples, interpolating at the edges."""
+    if b <= a or len(t) < 2:
+        return float("nan")
+    inner = (t > a) & (t < b)
+    ts = np.concatenate([[a], t[inner], [b]])
+    ps = np.concatenate([[np.interp(a, t, p)], p[inner], [np.interp(b, t, p)]])
+    return float(np.trapezoid(ps, ts))
+
+
+def power_source(tr: SamplerTrace) -> tuple[str, np.ndarray, np.ndarray, dict] | None:
+    """Pick the best energy source: ('energy'|'power', t, values in J or W, calibration info)."""
+    df = tr.frame
+    if len(df) < 2:
+        return None
+    t = df["t_s"].to_numpy(dtype=float)
+    # 1. RAPL package domains (top level only: sub-domains are inside the package figure)
+    rapl = [c for c in tr.columns(r"sys/class/powercap/(intel-rapl/)?intel-rapl:\d+/energy_uj")]
+    if rapl:
+        total = np.zeros(len(df))
+        for c in rapl:
+            m = tr.meta.get(c.rsplit("/", 1)[0], {})
+            rng = float(m["max_energy_range_uj"]) if m.get("max_energy_range_uj") else None
+            total += rapl_energy_j(df[c], rng).to_numpy()
+        return "energy", t, total, {"source": "rapl", "domains": rapl}
+    # 2. hwmon energy counters (µJ)
+    he = tr.columns(r".*hwmon\d+/energy\d+_input")
+    if he:
+        total = sum(rapl_energy_j(df[c], None).to_numpy() for c in he)
+        return "energy", t, total, {"source": "hwmon-energy", "inputs": he}
+    # 3. battery: power_now (µW) or V·I
+    for d, m in tr.meta.items():
+        if m.get("kind") != "power_supply" or m.get("type", "").lower() != "battery":
+            continue
+        pn, cn, vn = f"{d}/power_now", f"{d}/current_now", f"{d}/voltage_now"
+        status = df.get(f"{d}/status")
+        if cn in df and vn in df:
+            i_a, unit = current_to_a(df[cn].astype(float))
+            v_v = df[vn].astype(float).map(voltage_to_v)
+            sign = 1.0
+            if status is not None and (status.astype(str).str.lower() == "discharging").mean() > 0.5 and i_a.median() < 0:
+                sign = -1.0        # this device reports discharge as negative: flip to our convention
+            p = (sign * i_a * v_v).to_numpy()
+            return "power", t, p, {"source": f"battery:{d}", "current_unit": unit, "current_sign": sign}
+        if pn in df:
+            p = df[pn].astype(float).to_numpy() / 1e6
+            return "power", t, np.abs(p), {"source": f"battery:{d}:power_now"}
+    # 4. hwmon power (µW), e.g. INA3221 rails: sum the rails
+    hp = tr.columns(r".*hwmon\d+/power\d+_input")
+    if hp:
+        p = sum(df[c].astype(float).to_numpy() for c in hp) / 1e6
+        return "power", t, p, {"source": "hwmon-power", "inputs": hp}
+    return None
+
+
+def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, float] | None) -> Summary:
+    df = tr.frame
+    rows: list[Row] = []
+    # ---- peak RSS ----
+    hwm = tr.columns(r"proc/\d+/VmHWM_kB")
+    vals = pd.to_numeric(df[hwm[0]], errors="coerce").dropna() if hwm else pd.Series(dtype=float)
+    if len(vals):
+        rows.append(Row(metric="peak_rss", value=float(vals.max()) * 1024, phase="cell", n=int(len(vals))))
+    else:
+        rows.append(missing("peak_rss", "payload exited before the sampler's first read of /proc/PID/status"
+                            if hwm else "sampler had no payload pid", phase="cell"))
+    # ---- temperatures ----
+    zones = tr.columns(r"sys/class/thermal/thermal_zone\d+/temp")
+    t_start = t_end = None
+    if zones and len(df):
+        temps = df[zones].astype(float).apply(lambda s: s.map(temp_to_c))
+        hottest = temps.max(axis=1)
+        t_start, t_end = float(hottest.iloc[0]), float(hottest.iloc[-1])
+        rows += [Row(metric="temp_start", value=t_start, phase="cell"),
+                 Row(metric="temp_end", value=t_end, phase="cell"),
+                 Row(metric="temp_max", value=float(hottest.max()), phase="cell")]
+    else:
+        for m in ("temp_start", "temp_end", "temp_max"):
+            rows.append(missing(m, "no thermal zone readable on this device", phase="cell"))
+    # ---- CPU frequency ----
+    freqs = tr.columns(r"sys/devices/system/cpu/cpu\d+/cpufreq/scaling_cur_freq")
+    throttled = None
+    if freqs and len(df):
+        f = df[freqs].astype(float) * 1e3   # kHz → Hz
+        mean_t = f.mean(axis=1)
+        rows += [Row(metric="cpu_freq_mean", value=float(mean_t.mean()), phase="cell", n=len(f)),
+                 Row(metric="cpu_freq_min", value=float(mean_t.min()), phase="cell", n=len(f))]
+        q = max(1, len(mean_t) // 4)
+        throttled = bool(mean_t.iloc[-q:].mean() < 0.9 * mean_t.iloc[:q].mean())
+    else:
+        rows += [missing("cpu_freq_mean", "no cpufreq readable on this device", phase="cell"),
+                 missing("cpu_freq_min", "no cpufreq readable on this device", phase="cell")]
+    # ---- energy ----
+    src = power_source(tr)
+    calib = {}
+    all_phases = list(phases)
+    if cell_window:
+        all_phases.append(Phase("cell", "cell", cell_window[0], cell_window[1]))
+    for ph in all_phases:
+        kw = dict(phase=ph.kind, test=ph.name if ph.kind != "cell" else "")
+        if src is None:
+            rows.append(missing("energy", NO_POWER, **kw))
+            if ph.tokens:
+                rows.append(missing("energy_per_token", NO_POWER, **kw))
+            continue
+        kind, t, v, calib = src
+        if kind == "energy":
+            e = _interp_energy(t, v, ph.start, ph.end)
+        else:
+            e = _integrate_power(t, v, ph.start, ph.end)
+        dur = ph.end - ph.start
+        if math.isnan(e) or dur <= 0:
+            rows.append(missing("energy", "phase shorter than one sample interval", **kw))
+            continue
+        rows.append(Row(metric="energy", value=e, **kw))
+        rows.append(Row(metric="power_mean", value=e / dur, **kw))
+        if ph.tokens:
+            rows.append(Row(metric="energy_per_token", value=e / ph.tokens, **kw))
+    return Summary(rows, t_start, t_end, throttled, calib)

@@ -1,0 +1,20 @@
+"""Transports: the only code that knows how a device is reached."""
+
+from .base import CommandResult, Transport, quote_argv
+from .local import LocalTransport
+
+__all__ = ["CommandResult", "Transport", "LocalTransport", "quote_argv", "open_transport"]
+
+
+def open_transport(device) -> Transport:
+    """Make the transport a lab device entry asks for (see lab.Device)."""
+    kind = device.transport
+    if kind == "local":
+        return LocalTransport(device.name, root=device.workdir)
+    if kind == "ssh":
+        from .ssh import SSHTransport  # imported lazily: paramiko only when needed
+        return SSHTransport.from_device(device)
+    if kind == "adb":
+        from .adb import ADBTransport
+        return ADBTransport.from_device(device)
+    raise ValueError(f"unknown transport {kind!r}")

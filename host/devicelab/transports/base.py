@@ -1,0 +1,91 @@
+"""The one transport interface. Everything above this package talks to a device only through it and
+never learns whether it is the local machine, an SSH host or an adb phone.
+
+Modelled on pyinfra's connectors: connect/close, run a command given as an argument list, put/get
+files; plus the few things a measurement lab needs (background processes, sha256, facts)."""
+
+from __future__ import annotations
+
+import shlex
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+
+@dataclass
+class CommandResult:
+    argv: list[str]
+    rc: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+def quote_argv(argv: Sequence[str]) -> str:
+    """The only way a command line is ever made for a remote shell: every argument shlex-quoted."""
+    return " ".join(shlex.quote(str(a)) for a in argv)
+
+
+class Transport(ABC):
+    """A device the lab can run commands on and move files to and from."""
+
+    name: str = "device"
+
+    def __enter__(self):
+        self.connect()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def connect(self) -> None:  # pragma: no cover - trivial default
+        pass
+
+    def close(self) -> None:  # pragma: no cover - trivial default
+        pass
+
+    @abstractmethod
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
+            env: dict[str, str] | None = None) -> CommandResult:
+        """Run argv on the device, wait, return exit code and separate stdout/stderr."""
+
+    @abstractmethod
+    def put(self, local: Path, remote: str) -> None:
+        """Copy a local file to `remote` (parent directories are created)."""
+
+    @abstractmethod
+    def get(self, remote: str, local: Path) -> None:
+        """Copy a device file back to `local`."""
+
+    @abstractmethod
+    def workdir(self) -> str:
+        """The device folder devicelab owns (cache of binaries and models, per-cell outputs)."""
+
+    # ---- generic helpers built on run(); transports may override with faster paths ----
+    def sh(self, script: str, *args: str, timeout: float | None = None) -> CommandResult:
+        """Run a fixed POSIX sh script with positional arguments ($1, $2 …) passed as separate argv
+        entries: data never becomes code."""
+        return self.run(["sh", "-c", script, "devicelab", *args], timeout=timeout)
+
+    def exists(self, remote: str) -> bool:
+        return self.run(["test", "-e", remote]).rc == 0
+
+    def mkdir(self, remote: str) -> None:
+        r = self.run(["mkdir", "-p", remote])
+        if r.rc != 0:
+            raise OSError(f"mkdir -p {remote} failed on {self.name}: {r.stderr.strip()}")
+
+    def sha256(self, remote: str) -> str | None:
+        r = self.sh('if command -v sha256sum >/dev/null 2>&1; then sha256sum "$1"; else shasum -a 256 "$1"; fi',
+                    remote, timeout=600)
+        if r.rc != 0 or not r.stdout.strip():
+            return None
+        return r.stdout.split()[0].lower()
+
+    def read_text(self, remote: str) -> str | None:
+        r = self.run(["cat", remote])
+        return r.stdout if r.rc == 0 else None
