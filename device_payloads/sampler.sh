@@ -8,7 +8,12 @@
 # (thermal zone types, RAPL domain names and ranges, hwmon names), then a header
 # 'tick,t_s,<source path>...' and one row per tick. Values are copied raw (µA, µV, m°C, kHz, µJ,
 # kB) — the host normalizes units and signs. Paths are relative to ROOT (default '/') so tests can
-# point the sampler at a fixture tree. The loop uses only shell builtins except one `sleep` per tick.
+# point the sampler at a fixture tree.
+#
+# Cost: the loop uses only shell builtins. It paces itself with `read -t` on a private FIFO where the
+# shell supports it (bash, busybox ash, mksh — Android's sh), else with one `sleep` per tick (dash).
+# The payload's RSS comes from /proc/PID/statm every tick (one short line) and its VmHWM from
+# /proc/PID/status once a second (shells read files a byte at a time: status is ~1.5 kB).
 out=""; pid=""; interval=100; root=""; stopfile=""; maxticks=0
 while getopts "o:p:i:R:s:n:" opt; do
   case $opt in
@@ -19,6 +24,15 @@ done
 [ -n "$out" ] || { echo "sampler: -o OUT is required" >&2; exit 2; }
 case $interval in ''|*[!0-9]*) echo "sampler: -i takes milliseconds" >&2; exit 2 ;; esac
 nap=$(printf '%d.%03d' $((interval / 1000)) $((interval % 1000)))
+hwm_every=$((1000 / interval)); [ "$hwm_every" -ge 1 ] || hwm_every=1
+pagekb=$(getconf PAGESIZE 2>/dev/null || echo 4096); pagekb=$((pagekb / 1024))
+pace=sleep
+fifo="$out.pace"
+if rm -f "$fifo" && mkfifo "$fifo" 2>/dev/null && exec 3<>"$fifo"; then
+  rm -f "$fifo"     # the open descriptor keeps it; nothing is ever written to it
+  err=$( { read -t 0.001 _x <&3; } 2>&1 )
+  [ -z "$err" ] && pace=readt
+fi
 
 files=""      # space-separated list of readable counter files (absolute, under root)
 add() { for f in "$@"; do [ -r "$f" ] && files="$files $f"; done; }
@@ -65,6 +79,7 @@ meta() { printf '# %s\n' "$*"; }
   done
   [ -r /proc/uptime ] && clock=proc || clock=none
   meta "clock $clock"
+  meta "pace $pace"
 
   hdr="tick,t_s"
   for f in $files; do hdr="$hdr,${f#"$root"/}"; done
@@ -78,11 +93,15 @@ meta() { printf '# %s\n' "$*"; }
     for f in $files; do v=""; { read -r v < "$f"; } 2>/dev/null; line="$line,$v"; done
     alive=1
     if [ -n "$pid" ]; then
-      rss=""; hwm=""
-      { while read -r k val _; do
-          case $k in VmRSS:) rss=$val ;; VmHWM:) hwm=$val ;; esac
-        done < "/proc/$pid/status"; } 2>/dev/null
-      line="$line,$rss,$hwm"
+      rss=""; res=""
+      { read -r _sz res _ < "/proc/$pid/statm"; } 2>/dev/null
+      [ -n "$res" ] && [ "$res" != 0 ] && rss=$((res * pagekb))   # a zombie's statm reads all zeros
+      if [ $((tick % hwm_every)) -eq 0 ] || [ -z "$rss" ]; then
+        { while read -r k val _; do
+            case $k in VmHWM:) hwm=$val ;; esac
+          done < "/proc/$pid/status"; } 2>/dev/null
+      fi
+      line="$line,$rss,${hwm:-}"
       kill -0 "$pid" 2>/dev/null || alive=0
       [ -z "$rss" ] && alive=0   # exited (zombie has no VmRSS)
     fi
@@ -91,6 +110,6 @@ meta() { printf '# %s\n' "$*"; }
     [ $alive = 1 ] || break
     [ -n "$stopfile" ] && [ -e "$stopfile" ] && break
     [ "$maxticks" -gt 0 ] && [ "$tick" -ge "$maxticks" ] && break
-    sleep "$nap"
+    if [ $pace = readt ]; then read -t "$nap" _x <&3; else sleep "$nap"; fi
   done
 } > "$out"

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -34,7 +35,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except DevicelabError as e:
-            err.print(f"[bold red]error:[/] {e}")
+            err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
             if getattr(e, "detail", None) and os.environ.get("DEVICELAB_QUIET_DETAIL") != "1":
                 err.print(e.detail, markup=False, style="dim")
             sys.exit(2)
@@ -333,3 +334,7 @@ def _print_recs(rows, spec, as_json=False):
             console.print(f"  {mark} {c.model} {c.quant:7s} {c.verdict}", markup=False)
     if not recs:
         console.print("no results to recommend from")
+
+
+if __name__ == "__main__":  # python -m devicelab.cli
+    main()

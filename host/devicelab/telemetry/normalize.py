@@ -140,10 +140,12 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
     df = tr.frame
     rows: list[Row] = []
     # ---- peak RSS ----
-    hwm = tr.columns(r"proc/\d+/VmHWM_kB")
-    vals = pd.to_numeric(df[hwm[0]], errors="coerce").dropna() if hwm else pd.Series(dtype=float)
+    # VmHWM (read once a second) is the kernel's own high-water mark; VmRSS (every tick) covers a
+    # peak reached after the last VmHWM read
+    hwm = tr.columns(r"proc/\d+/VmHWM_kB") + tr.columns(r"proc/\d+/VmRSS_kB")
+    vals = pd.concat([pd.to_numeric(df[c], errors="coerce") for c in hwm]).dropna() if hwm else pd.Series(dtype=float)
     if len(vals):
-        rows.append(Row(metric="peak_rss", value=float(vals.max()) * 1024, phase="cell", n=int(len(vals))))
+        rows.append(Row(metric="peak_rss", value=float(vals.max()) * 1024, phase="cell", n=int(len(df))))
     else:
         rows.append(missing("peak_rss", "payload exited before the sampler's first read of /proc/PID/status"
                             if hwm else "sampler had no payload pid", phase="cell"))

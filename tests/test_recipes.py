@@ -1,0 +1,67 @@
+"""Recipe and lab validation: every bad input is refused with one line naming the file and field."""
+
+from pathlib import Path
+
+import pytest
+
+from devicelab import lab, recipes
+from devicelab.errors import DevicelabError
+from devicelab.plan import expand
+
+OK = """
+name: t
+models: [{name: m, source: /x.gguf}]
+quants: [q8_0, Q4_K_M]
+payloads:
+  - {kind: bench, threads: [1, 2]}
+  - {kind: kld}
+"""
+
+
+def write(tmp_path, text, name="r.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_valid_recipe_expands_to_cells(tmp_path):
+    r, sha = recipes.load(write(tmp_path, OK))
+    assert r.quants == ["q8_0", "q4_k_m"]
+    cells = expand(r, "0c1e570", {"m": "ab" * 32})
+    # 2 quants × (bench × 2 thread counts + kld)
+    assert len(cells) == 6 and len({c.cell_id for c in cells}) == 6
+    # ids are stable, and change with the llama.cpp commit
+    assert [c.cell_id for c in cells] == [c.cell_id for c in expand(r, "0c1e570", {"m": "ab" * 32})]
+    assert not {c.cell_id for c in cells} & {c.cell_id for c in expand(r, "deadbee", {"m": "ab" * 32})}
+
+
+@pytest.mark.parametrize("text,expect", [
+    (OK.replace("Q4_K_M", "q9_z"), r"quants: unknown quant type 'q9_z'; use one of f32, f16"),
+    (OK.replace("threads: [1, 2]", "threads: [0]"), r"payloads\.0\.bench\.threads\.0: Input should be greater than or equal to 1"),
+    (OK.replace("kind: kld", "kind: kldx"), r"payloads\.1: Input tag 'kldx' found using 'kind' does not match"),
+    (OK + "colour: red\n", r"colour: Extra inputs are not permitted"),
+    (OK.replace("name: t", "name: 'a b'"), r"name: String should match pattern"),
+    ("name: t\nmodels: [\n", r"malformed YAML at line \d+"),
+    ("- just\n- a list\n", r"a recipe must be a YAML mapping"),
+])
+def test_bad_recipe_one_line(tmp_path, text, expect):
+    with pytest.raises(DevicelabError, match=expect) as ei:
+        recipes.load(write(tmp_path, text))
+    assert "\n" not in str(ei.value)
+    assert "r.yaml" in str(ei.value)
+
+
+def test_missing_recipe(tmp_path):
+    with pytest.raises(DevicelabError, match="does not exist"):
+        recipes.load(tmp_path / "nope.yaml")
+
+
+def test_lab_file(tmp_path):
+    p = write(tmp_path, "devices:\n  - {name: pi, transport: ssh, host: 127.0.0.1, port: 2222}\n", "lab.yaml")
+    L = lab.load(p)
+    assert L.device("pi").port == 2222
+    assert L.device("local").transport == "local"    # local always exists
+    with pytest.raises(DevicelabError, match=r"device 'phone' is not in the lab file \(known: pi\)"):
+        L.device("phone")
+    with pytest.raises(DevicelabError, match=r"devices\.0\.transport: Input should be 'local', 'ssh' or 'adb'"):
+        lab.load(write(tmp_path, "devices:\n  - {name: x, transport: usb}\n", "lab2.yaml"))

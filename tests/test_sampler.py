@@ -1,0 +1,165 @@
+"""The real device-side sampler (device_payloads/sampler.sh) run under dash and busybox sh against
+fixture sysfs trees whose counters a writer thread changes while it samples. The fixture tree stands
+in for a phone's/board's sysfs (none exists here); the sampler, shells and normalizer are the real ones."""
+
+import math
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from devicelab import paths
+from devicelab.telemetry import normalize, sampler_csv
+
+SHELLS = [s for s in (["dash"], ["busybox", "sh"]) if shutil.which(s[0])]
+SAMPLER = paths.device_payloads_dir() / "sampler.sh"
+
+P_RAPL = 5.0                 # W, package power the fake RAPL counter integrates
+RAPL_RANGE = 2_000_000       # µJ: wraps every 0.4 s at 5 W — several wraps per run
+V_BAT = 3_800_000            # µV
+I0, K = -400_000, -100_000   # µA at t=0, µA/s ramp; negative = this "vendor" reports discharge as negative
+
+
+def _write(p: Path, v):
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(f"{v}\n")
+    tmp.replace(p)   # atomic, like a sysfs read never sees half a number
+
+
+class Writer(threading.Thread):
+    def __init__(self, root: Path, battery=True, rapl=True):
+        super().__init__(daemon=True)
+        self.root, self.battery, self.rapl = root, battery, rapl
+        self.stop = threading.Event()
+        self.t0 = time.monotonic()
+        ps = root / "sys/class/power_supply/battery"
+        rp = root / "sys/class/powercap/intel-rapl:0"
+        tz = root / "sys/class/thermal/thermal_zone0"
+        cf = root / "sys/devices/system/cpu/cpu0/cpufreq"
+        for d in (ps, rp, tz, cf):
+            d.mkdir(parents=True, exist_ok=True)
+        if battery:
+            _write(ps / "type", "Battery")
+            _write(ps / "status", "Discharging")
+            _write(ps / "voltage_now", V_BAT)
+            _write(ps / "capacity", 80)
+        else:
+            shutil.rmtree(ps)
+        if rapl:
+            _write(rp / "name", "package-0")
+            _write(rp / "max_energy_range_uj", RAPL_RANGE)
+        else:
+            shutil.rmtree(rp)
+        _write(tz / "type", "cpu-thermal")
+        _write(cf / "cpuinfo_max_freq", 2_000_000)
+        self.ps, self.rp, self.tz, self.cf = ps, rp, tz, cf
+        self.tick()
+
+    def tick(self):
+        t = time.monotonic() - self.t0
+        if self.battery:
+            _write(self.ps / "current_now", int(I0 + K * t))
+        if self.rapl:
+            _write(self.rp / "energy_uj", int(P_RAPL * 1e6 * t) % RAPL_RANGE)
+        _write(self.tz / "temp", int(45_000 + 2_000 * t))
+        _write(self.cf / "scaling_cur_freq", 1_800_000)
+
+    def run(self):
+        while not self.stop.is_set():
+            self.tick()
+            time.sleep(0.005)
+
+
+def sample(shell, root: Path, out: Path, seconds=3.0, interval=100):
+    payload = subprocess.Popen(["sleep", str(seconds)])
+    try:
+        subprocess.run([*shell, str(SAMPLER), "-o", str(out), "-p", str(payload.pid), "-i", str(interval),
+                        "-R", str(root)], check=True, timeout=seconds + 20)
+    finally:
+        payload.wait()
+    return sampler_csv.parse(out.read_text())
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_energy_units_signs_and_wraparound(tmp_path, shell):
+    w = Writer(tmp_path / "root")
+    w.start()
+    try:
+        tr = sample(shell, tmp_path / "root", tmp_path / "t.csv")
+    finally:
+        w.stop.set()
+        w.join()
+    df = tr.frame
+    assert len(df) >= 20, "10 Hz for 3 s"
+    assert tr.meta["sys/class/thermal/thermal_zone0"]["type"] == "cpu-thermal"
+    assert tr.meta["sys/class/powercap/intel-rapl:0"]["max_energy_range_uj"] == str(RAPL_RANGE)
+    t0, t1 = float(df["t_s"].iloc[0]), float(df["t_s"].iloc[-1])
+    s = normalize.summarize(tr, [], (t0, t1))
+    rows = {(r.metric, r.phase): r for r in s.rows}
+    # RAPL is preferred over the battery; the counter wrapped several times during the run
+    assert s.calibration["source"] == "rapl"
+    raw = df["sys/class/powercap/intel-rapl:0/energy_uj"].astype(float)
+    assert (raw.diff() < 0).sum() >= 3
+    e = rows[("energy", "cell")].value
+    assert e == pytest.approx(P_RAPL * (t1 - t0), rel=0.01)
+    assert rows[("power_mean", "cell")].value == pytest.approx(P_RAPL, rel=0.01)
+    # thermal: m°C → °C; start/end/max from the hottest zone
+    assert rows[("temp_start", "cell")].value == pytest.approx(45 + 2 * 0, abs=1.5)
+    assert rows[("temp_max", "cell")].value >= rows[("temp_start", "cell")].value + 4
+    assert s.temp_end_c == rows[("temp_end", "cell")].value
+    # cpufreq kHz → Hz
+    assert rows[("cpu_freq_mean", "cell")].value == pytest.approx(1.8e9)
+    # peak RSS of the payload (sleep): real /proc read, kB → B
+    assert 100_000 < rows[("peak_rss", "cell")].value < 50_000_000
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_battery_only_current_sign_and_units(tmp_path, shell):
+    w = Writer(tmp_path / "root", rapl=False)
+    w.start()
+    try:
+        tr = sample(shell, tmp_path / "root", tmp_path / "t.csv", seconds=2.0)
+    finally:
+        w.stop.set()
+        w.join()
+    df = tr.frame
+    t0, t1 = float(df["t_s"].iloc[0]), float(df["t_s"].iloc[-1])
+    s = normalize.summarize(tr, [normalize.Phase("decode", "decode", t0, t1, tokens=100)], (t0, t1))
+    assert s.calibration == {"source": "battery:sys/class/power_supply/battery", "current_unit": "uA",
+                             "current_sign": -1.0}
+    # analytic: P(t) = V·|I(t)|, linear in t → ∫ = V·(|I(t0)|+|I(t1)|)/2·(t1−t0), from the values read
+    cur = df["sys/class/power_supply/battery/current_now"].astype(float).abs() / 1e6
+    analytic = (V_BAT / 1e6) * float(cur.iloc[0] + cur.iloc[-1]) / 2 * (t1 - t0)
+    rows = {(r.metric, r.phase): r for r in s.rows}
+    assert rows[("energy", "cell")].value > 0, "discharge is positive in our convention"
+    assert rows[("energy", "cell")].value == pytest.approx(analytic, rel=0.01)
+    assert rows[("energy_per_token", "decode")].value == pytest.approx(rows[("energy", "decode")].value / 100)
+
+
+def test_current_unit_detection():
+    import pandas as pd
+    for raw, unit, amps in (([450_000, 460_000], "uA", 0.45), ([450, 460], "mA", 0.45), ([0.45, 0.46], "A", 0.45)):
+        a, u = normalize.current_to_a(pd.Series(raw, dtype=float))
+        assert u == unit and a.iloc[0] == pytest.approx(amps)
+
+
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_missing_sources_are_nan_with_reason_never_zero(tmp_path, shell):
+    root = tmp_path / "empty"
+    root.mkdir()
+    tr = sample(shell, root, tmp_path / "t.csv", seconds=0.5)
+    t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
+    s = normalize.summarize(tr, [], (t0, t1))
+    by = {r.metric: r for r in s.rows}
+    for m in ("energy", "temp_start", "cpu_freq_mean"):
+        assert math.isnan(by[m].value) and by[m].missing_reason, m
+    assert "no power source" in by["energy"].missing_reason
+
+
+def test_rapl_wrap_arithmetic():
+    import pandas as pd
+    e = normalize.rapl_energy_j(pd.Series([1_900_000, 100_000, 300_000]), 2_000_000)
+    assert list(e) == pytest.approx([0.0, 0.2, 0.4])
