@@ -30,9 +30,10 @@ def _write(p: Path, v):
 
 
 class Writer(threading.Thread):
-    def __init__(self, root: Path, battery=True, rapl=True):
+    def __init__(self, root: Path, battery=True, rapl=True, i0=I0, k=K, charge_counter=False):
         super().__init__(daemon=True)
         self.root, self.battery, self.rapl = root, battery, rapl
+        self.i0, self.k, self.cc = i0, k, charge_counter
         self.stop = threading.Event()
         self.t0 = time.monotonic()
         ps = root / "sys/class/power_supply/battery"
@@ -61,7 +62,10 @@ class Writer(threading.Thread):
     def tick(self):
         t = time.monotonic() - self.t0
         if self.battery:
-            _write(self.ps / "current_now", int(I0 + K * t))
+            _write(self.ps / "current_now", int(self.i0 + self.k * t))
+            if self.cc:   # µAh, falling as the battery discharges at |current_now| µA
+                q = abs(self.i0) * t + abs(self.k) * t * t / 2
+                _write(self.ps / "charge_counter", int(3_000_000 - q / 3600))
         if self.rapl:
             _write(self.rp / "energy_uj", int(P_RAPL * 1e6 * t) % RAPL_RANGE)
         _write(self.tz / "temp", int(45_000 + 2_000 * t))
@@ -128,8 +132,8 @@ def test_battery_only_current_sign_and_units(tmp_path, shell):
     df = tr.frame
     t0, t1 = float(df["t_s"].iloc[0]), float(df["t_s"].iloc[-1])
     s = normalize.summarize(tr, [normalize.Phase("decode", "decode", t0, t1, tokens=100)], (t0, t1))
-    assert s.calibration == {"source": "battery:sys/class/power_supply/battery", "current_unit": "uA",
-                             "current_sign": -1.0}
+    assert s.calibration["source"] == "battery:sys/class/power_supply/battery"
+    assert (s.calibration["current_unit"], s.calibration["current_sign"]) == ("uA", -1.0)
     # analytic: P(t) = V·|I(t)|, linear in t → ∫ = V·(|I(t0)|+|I(t1)|)/2·(t1−t0), from the values read
     cur = df["sys/class/power_supply/battery/current_now"].astype(float).abs() / 1e6
     analytic = (V_BAT / 1e6) * float(cur.iloc[0] + cur.iloc[-1]) / 2 * (t1 - t0)
@@ -163,3 +167,34 @@ def test_rapl_wrap_arithmetic():
     import pandas as pd
     e = normalize.rapl_energy_j(pd.Series([1_900_000, 100_000, 300_000]), 2_000_000)
     assert list(e) == pytest.approx([0.0, 0.2, 0.4])
+
+
+@pytest.mark.parametrize("shell", SHELLS[:1], ids=lambda s: s[0])
+def test_charge_counter_calibration_beats_the_magnitude_guess(tmp_path, shell):
+    """A board idling at 8 mA: 8000 µA in current_now looks like 'mA' to a magnitude rule (8 A!).
+    The drop of charge_counter over the cell says µA, and the reported sign is the other way round."""
+    assert normalize.current_to_a(__import__("pandas").Series([8000.0]))[1] == "mA"   # the rule alone is wrong
+    w = Writer(tmp_path / "root", rapl=False, i0=-8000, k=0, charge_counter=True)
+    w.start()
+    try:
+        tr = sample(shell, tmp_path / "root", tmp_path / "t.csv", seconds=3.0)
+    finally:
+        w.stop.set()
+        w.join()
+    t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
+    s = normalize.summarize(tr, [], (t0, t1))
+    assert s.calibration["method"] == "charge_counter"
+    assert s.calibration["current_unit"] == "uA" and s.calibration["current_sign"] == -1.0
+    assert s.calibration["agreement"] > 0.6          # the counter moves in whole µAh: ~7 steps here
+    e = next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
+    assert e == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01)
+
+
+def test_calibration_picks_ma_for_a_milliamp_vendor():
+    import numpy as np
+    import pandas as pd
+    t = np.linspace(0, 60, 61)
+    raw = pd.Series(np.full(61, 450.0))                       # mA, positive = discharging on this vendor
+    cc = pd.Series(3_000_000 - 450_000 * t / 3600)            # µAh falling at 450 mA
+    cal = normalize.calibrate_current(t, raw, cc)
+    assert cal["current_unit"] == "mA" and cal["current_sign"] == 1.0

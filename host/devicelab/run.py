@@ -30,7 +30,7 @@ from .payloads import perplexity as pplp
 from .plan import Cell, expand
 from .proc import run_logged, tail
 from .schema import Row
-from .telemetry import normalize, sampler_csv
+from .telemetry import normalize, sampler_csv, snapshots
 from .transports import open_transport
 from .transports.base import Transport
 
@@ -72,6 +72,10 @@ def target_for(device: labmod.Device, facts: dict) -> targets.Target:
         return targets.local_native()
     feats = set((facts.get("cpu.features") or "").split())
     arch = facts.get("arch", "")
+    import platform
+    if arch == platform.machine() and "Linux" in facts.get("uname", "") and device.transport == "ssh" \
+            and set(buildcache.cpu_features()) <= feats:
+        return targets.local_native()   # same arch and every CPU feature of this host: the host's build runs there
     if device.transport == "adb":
         ndk = targets.find_ndk()
         return targets.android_ndk(ndk, feats) if ndk else targets.aarch64_cross_static(feats)
@@ -186,6 +190,7 @@ class Executor:
                 self.ev.stage(f"llama.cpp build for {dev.name} ({tgt.name})")
                 build = buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
             baseline = self._hottest(t, kit, dev)
+            self._snap_tools = snapshots.available(t)
             for c in cells:
                 self.ev.cell_start(c)
                 try:
@@ -258,8 +263,13 @@ class Executor:
         self.ledger.set_artifacts(c.cell_id, remote_out)
         runner = ["sh", f"{kit}/run_payload.sh", remote_out, str(self.recipe.telemetry.interval_ms),
                   dev.telemetry_root, "--", *argv]
-        res = t.run(runner, timeout=6 * 3600)
         local_out.mkdir(parents=True, exist_ok=True)
+        tools = getattr(self, "_snap_tools", set())
+        with snapshots.ChargingHygiene(t, tools):
+            snap_rows, snap_start = snapshots.take(t, tools, "start", local_out)
+            res = t.run(runner, timeout=6 * 3600)
+            more, snap_end = snapshots.take(t, tools, "end", local_out)
+            snap_rows += more
         (local_out / "argv.json").write_text(json.dumps(runner))
         for name in PULLED:
             src = posixpath.join(remote_out, name)
@@ -293,7 +303,11 @@ class Executor:
         else:
             rows += pplp.parse_kld(stdout + "\n" + stderr, kp)
         summ = normalize.summarize(trace, phases, cell_window)
-        rows += summ.rows
+        rows += summ.rows + snap_rows
+        ts0 = snap_start.get("dumpsys-thermalservice", {}).get("thermal_status")
+        ts1 = snap_end.get("dumpsys-thermalservice", {}).get("thermal_status")
+        if ts0 is not None and ts1 is not None and ts1 > ts0:
+            summ.throttled = True          # Android's thermal status rose during the cell
         if cell_window:
             rows.append(Row(metric="wall_seconds", value=cell_window[1] - cell_window[0], phase="cell"))
         rows.append(Row(metric="cooldown_wait", value=waited, phase="cell"))

@@ -30,6 +30,9 @@ METRICS: dict[str, str] = {
     # power / energy
     "power_mean": "W", "energy": "J", "energy_per_token": "J/tok", "wh_per_prompt": "Wh",
     "cooldown_wait": "s",
+    # once-per-cell snapshots (dumpsys, ioreg, pmset), phase = snapshot_start / snapshot_end
+    "battery_level": "1", "battery_voltage": "V", "battery_current": "A", "battery_power": "W",
+    "battery_temp": "degC", "charge_counter": "C", "thermal_status": "1", "cpu_speed_limit": "1",
 }
 
 ROW_COLUMNS = [

