@@ -211,3 +211,37 @@ def test_sshd_killed_mid_cell_then_run_again_finishes(sshd, tmp_path, host_build
     assert st == {"done": 3}
     assert con.execute("SELECT cell_id, test, metric, phase, count(*) c FROM rows GROUP BY 1,2,3,4 HAVING c > 1"
                        ).fetchall() == []
+
+
+def _tiny_llama_tree(root: Path) -> Path:
+    """A stand-in source tree with the llama.cpp layout whose CMakeLists builds two tiny programs named
+    like the real tools: it exercises the native-build-over-SSH mechanics (pack, push, unpack, configure,
+    build, manifest, no-op rebuild) in seconds. The real tree's plan is checked in test_targets.py."""
+    tree = root / "llama.cpp"
+    for d in ("ggml", "tools"):
+        (tree / d).mkdir(parents=True)
+    (tree / "main.c").write_text('#include <stdio.h>\nint main(void){puts("tiny tool");return 0;}\n')
+    (tree / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.14)\nproject(tiny C)\n"
+        "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
+        "add_executable(llama-bench main.c)\nadd_executable(llama-perplexity main.c)\n")
+    g = ["git", "-C", str(tree), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(g + ["init", "-q"], check=True)
+    subprocess.run(g + ["add", "-A"], check=True)
+    subprocess.run(g + ["commit", "-qm", "tiny"], check=True)
+    return tree
+
+
+def test_native_build_over_ssh_mechanics(sshd, tmp_path, monkeypatch):
+    from devicelab.build import remote, source, targets
+    monkeypatch.setenv("DEVICELAB_HOME", str(tmp_path / "home"))
+    src = source.resolve(str(_tiny_llama_tree(tmp_path)))
+    t = transport(sshd)
+    tgt = targets.native_on_device("x86_64")
+    b = remote.ensure(t, src, tgt)
+    assert t.run([b.tool("llama-bench")]).stdout.strip() == "tiny tool"
+    assert b.manifest["commit"] == src.commit and b.manifest["flags"]["GGML_NATIVE"] == "ON"
+    assert b.manifest["tools"]["llama-perplexity"] == t.sha256(b.tool("llama-perplexity"))
+    t0 = time.time()
+    again = remote.ensure(t, src, tgt)
+    assert again.manifest == b.manifest and time.time() - t0 < 2, "unchanged build is a no-op"

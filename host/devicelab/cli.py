@@ -59,14 +59,17 @@ def source(spec):
 
 @main.command()
 @click.option("--source", "spec", default=None)
+@click.option("--target", "target", default="local", help="local | aarch64 | android")
+@click.option("--cpu-features", default="", help="for aarch64/android: the board's /proc/cpuinfo Features")
 @click.option("-j", "--jobs", type=int, default=None)
-def build(spec, jobs):
-    """Build (or reuse) llama.cpp for this machine."""
+def build(spec, target, cpu_features, jobs):
+    """Build (or reuse) llama.cpp for this machine or a cross target."""
     from .build import cache, source as s, targets
+    tgt = targets.by_name(target, set(cpu_features.split()))
     src = s.resolve(spec)
     with _progress() as prog:
         task = prog.add_task("build", total=100)
-        b = cache.ensure(src, targets.local_native(), jobs=jobs,
+        b = cache.ensure(src, tgt, jobs=jobs,
                          progress=lambda pct, line: prog.update(task, completed=pct, description=line[:50]))
         prog.update(task, completed=100)
     console.print(f"build {b.key} for {b.manifest['target']} at {b.dir / 'bin'} (commit {b.manifest['commit'][:12]})")

@@ -31,6 +31,9 @@ class Device(BaseModel):
     ram_budget_bytes: int | None = Field(default=None, gt=0)
     telemetry_root: str = "/"                    # prefix for sysfs reads (fixture trees in tests)
     cross_build: bool = True                     # ssh boards: build here (True) or on the board (False)
+    target: Literal["local", "aarch64", "android"] | None = None   # override the target chosen from facts
+    cpu_features: str | None = None              # override /proc/cpuinfo Features for the ARM arch flags
+    exec_prefix: list[str] = []                  # run payload binaries through this (e.g. qemu-aarch64-static)
 
     @field_validator("name")
     @classmethod

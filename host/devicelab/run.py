@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import posixpath
 import shutil
 import time
@@ -72,7 +73,8 @@ def target_for(device: labmod.Device, facts: dict) -> targets.Target:
         return targets.local_native()
     feats = set((facts.get("cpu.features") or "").split())
     arch = facts.get("arch", "")
-    import platform
+    if device.transport == "ssh" and not device.cross_build:
+        return targets.native_on_device(arch or "aarch64", "darwin" if "Darwin" in facts.get("uname", "") else "linux")
     if arch == platform.machine() and "Linux" in facts.get("uname", "") and device.transport == "ssh" \
             and set(buildcache.cpu_features()) <= feats:
         return targets.local_native()   # same arch and every CPU feature of this host: the host's build runs there
@@ -183,9 +185,17 @@ class Executor:
             self.ev.stage(f"{dev.name}: device facts and kit")
             kit = kitmod.ensure(t)
             facts = factsmod.collect(t, kit)
-            tgt = target_for(dev, facts)
+            if dev.target:
+                feats = set((dev.cpu_features or facts.get("cpu.features") or "").split())
+                tgt = targets.by_name(dev.target, feats)
+            else:
+                tgt = target_for(dev, facts)
             if tgt.where == "host" and tgt.name == targets.local_native().name:
                 build = self.host_build()
+            elif tgt.where == "device":
+                from .build import remote
+                self.ev.stage(f"llama.cpp native build on {dev.name} ({tgt.name})")
+                build = remote.ensure(t, self.src, tgt, jobs=self.jobs)
             else:
                 self.ev.stage(f"llama.cpp build for {dev.name} ({tgt.name})")
                 build = buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
@@ -237,8 +247,10 @@ class Executor:
         qf: QuantFile = lad.quant(c.quant)
         remote_model = push.ensure(t, qf.path, qf.sha256, qf.path.name)
         tool = "llama-bench" if c.payload == "bench" else "llama-perplexity"
-        tb = build.tool(tool)
-        remote_tool = push.ensure(t, tb, build.manifest["tools"][tool], tool, mode="755")
+        if build.manifest.get("where") == "device":
+            remote_tool = build.tool(tool)            # built on the device, already there
+        else:
+            remote_tool = push.ensure(t, build.tool(tool), build.manifest["tools"][tool], tool, mode="755")
         if c.payload == "bench":
             bp = benchp.BenchParams(prompt=tuple(c.params["prompt"]), gen=tuple(c.params["gen"]),
                                     pg=tuple(tuple(x) for x in c.params["pg"]), depth=tuple(c.params["depth"]),
@@ -262,7 +274,7 @@ class Executor:
         local_out = self.ledger.artifacts_dir / c.cell_id / f"attempt-{attempt}"
         self.ledger.set_artifacts(c.cell_id, remote_out)
         runner = ["sh", f"{kit}/run_payload.sh", remote_out, str(self.recipe.telemetry.interval_ms),
-                  dev.telemetry_root, "--", *argv]
+                  dev.telemetry_root, "--", *dev.exec_prefix, *argv]
         local_out.mkdir(parents=True, exist_ok=True)
         tools = getattr(self, "_snap_tools", set())
         with snapshots.ChargingHygiene(t, tools):

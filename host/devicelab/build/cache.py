@@ -19,7 +19,7 @@ from .. import paths
 from ..errors import DevicelabError
 from ..proc import tail
 from .source import Source
-from .targets import TOOLS, Target, check_toolchain
+from .targets import Target, check_toolchain
 
 MANIFEST = "devicelab-build.json"
 MIN_FREE_BYTES = 2 * 1024**3
@@ -62,7 +62,8 @@ def cpu_features() -> list[str]:
     return []
 
 
-def build_key(src: Source, t: Target, tools=TOOLS) -> tuple[str, dict]:
+def build_key(src: Source, t: Target, tools=None) -> tuple[str, dict]:
+    tools = tools or t.tools
     ident = {"commit": src.commit, "dirty": src.dirty, "target": t.name, "flags": t.cmake_flags(),
              "compiler": compiler_id(t), "tools": sorted(tools)}
     if t.flags.get("GGML_NATIVE") == "ON" and t.where == "host":
@@ -76,7 +77,8 @@ def build_dir_for(t: Target, src: Source, key: str) -> Path:
     return paths.sub("builds") / f"{t.name}-{src.short}-{key}"
 
 
-def find(src: Source, t: Target, tools=TOOLS) -> Build | None:
+def find(src: Source, t: Target, tools=None) -> Build | None:
+    tools = tools or t.tools
     key, _ = build_key(src, t, tools)
     d = build_dir_for(t, src, key)
     man = d / MANIFEST
@@ -85,9 +87,10 @@ def find(src: Source, t: Target, tools=TOOLS) -> Build | None:
     return None
 
 
-def ensure(src: Source, t: Target, tools=TOOLS, jobs: int | None = None,
+def ensure(src: Source, t: Target, tools=None, jobs: int | None = None,
            progress: Callable[[float, str], None] | None = None) -> Build:
     """Return the cached build, or configure + build it now."""
+    tools = tools or t.tools
     hit = find(src, t, tools)
     if hit:
         return hit
@@ -124,7 +127,8 @@ def ensure(src: Source, t: Target, tools=TOOLS, jobs: int | None = None,
         "key": key, **ident, "source_path": str(src.path), "source_origin": src.origin,
         "cmake_configure": configure, "cmake_build": compile_, "ccache": bool(launcher),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "build_seconds": round(time.time() - t0, 1),
-        "host": platform.node(), "cpu_features": cpu_features(),
+        "host": platform.node(), "cpu_features": cpu_features() if t.where == "host" and not t.runner else [],
+        "runner": list(t.runner),
         "tools": {x: hashlib.sha256((d / "bin" / x).read_bytes()).hexdigest() for x in tools},
     }
     (d / MANIFEST).write_text(json.dumps(manifest, indent=1))

@@ -16,6 +16,9 @@ from ..errors import DevicelabError
 # the tools the lab runs; llama-completion is the non-interactive generator (llama-cli became a chat UI)
 TOOLS = ("llama-bench", "llama-perplexity", "llama-quantize", "llama-server", "llama-completion", "llama-batched-bench")
 
+# what a device needs (quantizing and KLD base logits happen on the host)
+DEVICE_TOOLS = ("llama-bench", "llama-perplexity")
+
 # flags every target gets: offline-safe (no web UI download, no HTTPS), no tests/examples, static libs
 COMMON_FLAGS = {
     "CMAKE_BUILD_TYPE": "Release",
@@ -37,6 +40,8 @@ class Target:
     where: str                     # "host" (built here) | "device" (built on the device over its transport)
     flags: dict = field(default_factory=dict)
     toolchain: str = "system"      # human description recorded in the manifest
+    tools: tuple = TOOLS
+    runner: tuple = ()             # how to run its binaries here (e.g. qemu-aarch64-static), for tests
 
     def cmake_flags(self) -> dict:
         out = dict(COMMON_FLAGS)
@@ -83,8 +88,9 @@ def aarch64_cross_static(cpu_features: set[str] | None = None) -> Target:
         "LLAMA_SUBPROCESS": "OFF",
         "GGML_CPU_ARM_ARCH": arm_arch_flag(cpu_features or set()),
     }
-    return Target(name="aarch64-linux-static", os="linux", arch="aarch64", where="host", flags=flags,
-                  toolchain="aarch64-linux-gnu-gcc")
+    return Target(name=f"aarch64-linux-static-{flags['GGML_CPU_ARM_ARCH'].replace('+', '_')}", os="linux",
+                  arch="aarch64", where="host", flags=flags, toolchain="aarch64-linux-gnu-gcc", tools=DEVICE_TOOLS,
+                  runner=("qemu-aarch64-static",))
 
 
 def android_ndk(ndk: Path, cpu_features: set[str] | None = None, platform_level: int = 28) -> Target:
@@ -99,7 +105,7 @@ def android_ndk(ndk: Path, cpu_features: set[str] | None = None, platform_level:
         "GGML_CPU_ARM_ARCH": arm_arch_flag(cpu_features or set()),
     }
     return Target(name="arm64-v8a-android", os="android", arch="aarch64", where="host", flags=flags,
-                  toolchain=f"ndk:{ndk}")
+                  toolchain=f"ndk:{ndk}", tools=DEVICE_TOOLS)
 
 
 def find_ndk() -> Path | None:
@@ -114,7 +120,27 @@ def macos_metal() -> Target:
     """Native build on a Mac over SSH, Metal backend with the shaders embedded in the binary."""
     return Target(name="arm64-darwin-metal", os="darwin", arch="arm64", where="device",
                   flags={"GGML_NATIVE": "ON", "GGML_METAL": "ON", "GGML_METAL_EMBED_LIBRARY": "ON"},
-                  toolchain="xcode clang (on the Mac)")
+                  toolchain="xcode clang (on the Mac)", tools=DEVICE_TOOLS)
+
+
+def native_on_device(arch: str, system: str = "linux") -> Target:
+    """Built on the board itself over SSH (cross_build: false): -march=native of the board's own CPU."""
+    return Target(name=f"{arch}-{system}-native-device", os=system, arch=arch, where="device",
+                  flags={"GGML_NATIVE": "ON"}, toolchain="the device's cc", tools=DEVICE_TOOLS)
+
+
+def by_name(name: str, cpu_features: set[str] | None = None) -> Target:
+    """Targets a user can name on the command line."""
+    if name in ("local", "native"):
+        return local_native()
+    if name.startswith("aarch64"):
+        return aarch64_cross_static(cpu_features)
+    if name.startswith("android"):
+        ndk = find_ndk()
+        if ndk is None:
+            raise DevicelabError("no Android NDK found: set ANDROID_NDK_HOME to an NDK (r26 or newer)")
+        return android_ndk(ndk, cpu_features)
+    raise DevicelabError(f"unknown target {name!r}; use local, aarch64 or android")
 
 
 def check_toolchain(t: Target) -> None:

@@ -1,0 +1,82 @@
+"""Build targets and plans that cannot run here (no NDK, no Mac): their flags and command lines."""
+
+import shlex
+
+import pytest
+
+from devicelab.build import remote, targets
+from devicelab.build.source import Source
+from devicelab.errors import DevicelabError
+from devicelab.lab import Device
+from devicelab.run import target_for
+from devicelab.transports.base import quote_argv
+
+PI5 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp"
+ORION = PI5 + " sha3 sm3 sm4 asimdfhm i8mm bf16 sve"
+
+
+def test_arm_arch_from_cpuinfo_features():
+    assert targets.arm_arch_flag(set()) == "armv8-a"
+    assert targets.arm_arch_flag(set(PI5.split())) == "armv8.2-a+dotprod+fp16"
+    assert targets.arm_arch_flag(set(ORION.split())) == "armv8.2-a+dotprod+i8mm+sve+fp16"
+
+
+def test_aarch64_static_flags():
+    t = targets.aarch64_cross_static(set(PI5.split()))
+    f = t.cmake_flags()
+    assert f["GGML_OPENMP"] == "OFF" and f["CMAKE_EXE_LINKER_FLAGS"] == "-static"
+    assert f["CMAKE_C_COMPILER"] == "aarch64-linux-gnu-gcc" and f["GGML_NATIVE"] == "OFF"
+    assert f["GGML_CPU_ARM_ARCH"] == "armv8.2-a+dotprod+fp16"
+    assert f["LLAMA_USE_PREBUILT_UI"] == "OFF" and f["LLAMA_OPENSSL"] == "OFF"
+    assert t.runner == ("qemu-aarch64-static",)
+
+
+def test_android_ndk_plan(tmp_path):
+    t = targets.android_ndk(tmp_path / "ndk", set(ORION.split()))
+    f = t.cmake_flags()
+    assert f["CMAKE_TOOLCHAIN_FILE"] == str(tmp_path / "ndk/build/cmake/android.toolchain.cmake")
+    assert (f["ANDROID_ABI"], f["ANDROID_PLATFORM"]) == ("arm64-v8a", "android-28")
+    assert f["GGML_OPENMP"] == "OFF" and f["GGML_LLAMAFILE"] == "OFF"
+    assert f["GGML_CPU_ARM_ARCH"] == "armv8.2-a+dotprod+i8mm+sve+fp16"
+
+
+def test_android_target_without_ndk_is_one_line(monkeypatch):
+    for v in ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT", "ANDROID_NDK"):
+        monkeypatch.delenv(v, raising=False)
+    with pytest.raises(DevicelabError, match="no Android NDK found: set ANDROID_NDK_HOME"):
+        targets.by_name("android")
+
+
+def test_macos_metal_remote_build_plan():
+    t = targets.macos_metal()
+    p = remote.plan("/Users/me/.cache/devicelab-device/src/0c1e57098bba", "/Users/me/b d/cmake", t, 10)
+    assert p[0][:2] == ["tar", "-xzf"]
+    configure = p[1]
+    assert configure[:3] == ["cmake", "-S", "/Users/me/.cache/devicelab-device/src/0c1e57098bba/llama.cpp"]
+    assert "-DGGML_METAL=ON" in configure and "-DGGML_METAL_EMBED_LIBRARY=ON" in configure
+    assert "-DLLAMA_USE_PREBUILT_UI=OFF" in configure
+    assert p[2] == ["cmake", "--build", "/Users/me/b d/cmake", "-j", "10", "--target", "llama-bench", "llama-perplexity"]
+    # what reaches the Mac's shell: the path with a space stays one argument
+    assert shlex.split(quote_argv(p[2]))[2] == "/Users/me/b d/cmake"
+
+
+@pytest.mark.parametrize("facts,device,expect", [
+    ({"uname": "Darwin 24.1.0 arm64", "arch": "arm64"}, Device(name="mac", transport="ssh", host="m"), "arm64-darwin-metal"),
+    ({"uname": "Linux 6.6 aarch64", "arch": "aarch64", "cpu.features": PI5}, Device(name="pi", transport="ssh", host="p"),
+     "aarch64-linux-static-armv8.2-a_dotprod_fp16"),
+    ({"uname": "Linux 6.6 aarch64", "arch": "aarch64", "cpu.features": PI5},
+     Device(name="pi", transport="ssh", host="p", cross_build=False), "aarch64-linux-native-device"),
+    ({"uname": "Linux 5.10 aarch64", "arch": "aarch64", "cpu.features": ORION}, Device(name="ph", transport="adb"),
+     "aarch64-linux-static-armv8.2-a_dotprod_i8mm_sve_fp16"),
+])
+def test_target_chosen_from_device_facts(monkeypatch, facts, device, expect):
+    monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
+    monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
+    assert target_for(device, facts).name == expect
+
+
+def test_remote_build_key_changes_with_flags():
+    src = Source(path=__import__("pathlib").Path("/x"), commit="0c1e57098bba" + "0" * 28, origin="t")
+    a = remote.key_for(src, targets.macos_metal(), "Apple clang 16")
+    b = remote.key_for(src, targets.native_on_device("arm64", "darwin"), "Apple clang 16")
+    assert a != b and a == remote.key_for(src, targets.macos_metal(), "Apple clang 16")
