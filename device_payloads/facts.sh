@@ -6,14 +6,14 @@ kv() { printf '%s=%s\n' "$1" "$2"; }
 kv uname "$(uname -srm 2>/dev/null)"
 kv arch "$(uname -m 2>/dev/null)"
 kv hostname "$(uname -n 2>/dev/null)"
-if [ -r /etc/os-release ]; then
-  . /etc/os-release 2>/dev/null; kv os "${PRETTY_NAME:-$NAME}"
-elif command -v getprop >/dev/null 2>&1; then
+if command -v getprop >/dev/null 2>&1 && [ -n "$(getprop ro.build.version.release)" ]; then
   kv os "Android $(getprop ro.build.version.release) (SDK $(getprop ro.build.version.sdk))"
   kv android.model "$(getprop ro.product.model)"
   kv android.manufacturer "$(getprop ro.product.manufacturer)"
   kv android.soc "$(getprop ro.soc.model) $(getprop ro.board.platform)"
   kv android.abi "$(getprop ro.product.cpu.abi)"
+elif [ -r /etc/os-release ]; then
+  . /etc/os-release 2>/dev/null; kv os "${PRETTY_NAME:-$NAME}"
 elif command -v sw_vers >/dev/null 2>&1; then
   kv os "macOS $(sw_vers -productVersion)"
 fi

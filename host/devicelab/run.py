@@ -190,6 +190,10 @@ class Executor:
                 tgt = targets.by_name(dev.target, feats)
             else:
                 tgt = target_for(dev, facts)
+            if dev.transport == "adb" and not tgt.name.startswith("arm64-v8a-android"):
+                self.ev.stage(f"warning: no Android NDK (set ANDROID_NDK_HOME): {dev.name} gets a static aarch64 "
+                              "Linux build, which runs on Android's kernel but misses NDK-only paths (bionic, "
+                              "Android's libc++ and its CPU feature detection)")
             if tgt.where == "host" and tgt.name == targets.local_native().name:
                 build = self.host_build()
             elif tgt.where == "device":

@@ -1,0 +1,149 @@
+"""adb transport (adbutils, through the adb host server) for Android phones over USB or Wi-Fi.
+
+Device states are handled as a lab needs them: `unauthorized` is one line telling the user to accept the
+prompt on the phone; `offline` gets a bounded automatic reconnect, then a retryable failure of that
+device only; a device that vanishes mid-cell fails the cell as retryable. Commands use shell v2 (exit
+code and separate stderr) when the device offers it, and are always quoted argument lists."""
+
+from __future__ import annotations
+
+import posixpath
+import time
+from pathlib import Path
+from typing import Sequence
+
+import adbutils
+from adbutils import AdbClient, AdbError, AdbTimeout
+
+from ..errors import DevicelabError, RetryableError
+from .base import CommandResult, Transport, quote_argv
+
+WORKDIR = "/data/local/tmp/devicelab"     # not shared storage: mmap from /sdcard is slow (FUSE)
+_EXIT = "DEVICELAB_EXIT:"
+
+
+class ADBTransport(Transport):
+    def __init__(self, name: str, serial: str | None, adb_host: str = "127.0.0.1", adb_port: int = 5037,
+                 workdir: str | None = None, reconnect_tries: int = 3, reconnect_wait: float = 1.0):
+        self.name = name
+        self.serial = serial
+        self.client = AdbClient(host=adb_host, port=adb_port, socket_timeout=30)
+        self._workdir = workdir or WORKDIR
+        self.tries, self.wait = reconnect_tries, reconnect_wait
+        self.dev: adbutils.AdbDevice | None = None
+        self.v2 = False
+
+    @classmethod
+    def from_device(cls, d) -> "ADBTransport":
+        return cls(d.name, d.serial, d.adb_host, d.adb_port, d.workdir)
+
+    # ---------------------------------------------------------------- states
+    def _state(self) -> str | None:
+        try:
+            for info in self.client.list():
+                if info.serial == self.serial:
+                    return info.state
+        except (AdbError, OSError) as e:
+            raise DevicelabError(f"cannot talk to the adb server at {self.client.host}:{self.client.port} ({e}); "
+                                 "start it with `adb start-server`") from e
+        return None
+
+    def connect(self) -> None:
+        if self.serial is None:
+            devs = [i for i in self.client.list() if i.state == "device"]
+            if len(devs) != 1:
+                raise DevicelabError(f"device {self.name!r} has no serial and {len(devs)} phones are attached; "
+                                     "set serial: in the lab file (see `adb devices`)")
+            self.serial = devs[0].serial
+        for attempt in range(self.tries + 1):
+            st = self._state()
+            if st is None and ":" in self.serial:            # Wi-Fi adb: host:port
+                try:
+                    self.client.connect(self.serial, timeout=10)
+                except (AdbError, AdbTimeout, OSError):
+                    pass
+                st = self._state()
+            if st == "device":
+                self.dev = self.client.device(self.serial)
+                try:
+                    self.v2 = "shell_v2" in self.dev.get_features().split(",")
+                except (AdbError, OSError):
+                    self.v2 = False
+                return
+            if st == "unauthorized":
+                raise DevicelabError(f"phone {self.serial} ({self.name}) is unauthorized: unlock it and accept the "
+                                     "'Allow USB debugging?' prompt (tick 'Always allow'), then run again")
+            if attempt < self.tries:
+                if st == "offline" and ":" in self.serial:
+                    try:
+                        self.client.disconnect(self.serial)
+                    except (AdbError, OSError):
+                        pass
+                time.sleep(self.wait * (attempt + 1))
+        what = "offline" if st == "offline" else "not connected"
+        raise RetryableError(f"phone {self.serial} ({self.name}) is {what} after {self.tries} reconnect tries; "
+                             "check the cable / Wi-Fi and `adb devices`, then run again")
+
+    def close(self) -> None:
+        self.dev = None
+
+    def _d(self) -> adbutils.AdbDevice:
+        if self.dev is None:
+            self.connect()
+        return self.dev
+
+    def _lost(self, e: Exception, what: str) -> RetryableError:
+        self.dev = None
+        return RetryableError(f"lost phone {self.serial} ({self.name}) while {what}: {e}")
+
+    # ---------------------------------------------------------------- commands
+    def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
+            env: dict[str, str] | None = None) -> CommandResult:
+        cmd = quote_argv(argv)
+        if env:
+            cmd = quote_argv(["env", *[f"{k}={v}" for k, v in env.items()]]) + " " + cmd
+        if cwd:
+            cmd = f"cd {quote_argv([cwd])} && {cmd}"
+        d = self._d()
+        try:
+            if self.v2:
+                r = d.shell2(cmd, timeout=timeout, v2=True, rstrip=False)
+                return CommandResult(list(argv), r.returncode, r.stdout, r.stderr)
+            # shell v1 has no exit code and merges stderr: mark the exit code, keep stderr apart in a file
+            out = d.shell(f"{cmd}; echo {_EXIT}$?", timeout=timeout, rstrip=False)
+        except AdbTimeout:
+            return CommandResult(list(argv), 124, "", f"timed out after {timeout}s")
+        except (AdbError, OSError, EOFError) as e:
+            raise self._lost(e, f"running {argv[0]}") from e
+        i = out.rfind(_EXIT)
+        if i < 0:
+            raise self._lost(RuntimeError("no exit status"), f"running {argv[0]}")
+        return CommandResult(list(argv), int(out[i + len(_EXIT):].strip() or 255), out[:i], "")
+
+    # ---------------------------------------------------------------- files
+    def put(self, local: Path, remote: str) -> None:
+        self.mkdir(posixpath.dirname(remote))
+        try:
+            self._d().sync.push(str(local), remote, mode=0o644)
+        except (AdbError, OSError, EOFError) as e:
+            raise self._lost(e, f"pushing {Path(local).name}") from e
+
+    def get(self, remote: str, local: Path) -> None:
+        Path(local).parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(str(local) + ".part")
+        try:
+            self._d().sync.pull(remote, str(tmp))
+        except (AdbError, OSError, EOFError) as e:
+            tmp.unlink(missing_ok=True)
+            raise OSError(f"pull of {remote} from {self.name} failed: {e}") from e
+        tmp.replace(local)
+
+    def workdir(self) -> str:
+        return self._workdir
+
+    def forward(self, remote_port: int) -> int:
+        """Forward a free local port to tcp:remote_port on the phone (llama-server evals)."""
+        try:
+            return self._d().forward_port(remote_port)
+        except (AdbError, OSError) as e:
+            raise self._lost(e, "forwarding a port") from e

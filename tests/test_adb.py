@@ -1,0 +1,248 @@
+"""The adb transport against the real adb host server (Debian's `adb`), talking through adbutils to a
+device-side peer on 127.0.0.1 that speaks the real adb transport protocol (tests/adbd_peer.py). The peer
+is a protocol-faithful stand-in, not Android: no SELinux, no bionic; its commands run in this machine's sh."""
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from devicelab import push
+from devicelab.errors import DevicelabError, RetryableError
+from devicelab.transports.adb import ADBTransport
+
+from adbd_peer import AdbdPeer, AdbServer, fake_dumpsys, free_port
+from conftest import FIXTURES, REPO, devicelab
+
+pytestmark = pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)")
+PROPS = {"ro.product.model": "Peer 7", "ro.product.manufacturer": "devicelab", "ro.product.name": "peer",
+         "ro.product.device": "peer", "ro.build.version.release": "14", "ro.build.version.sdk": "34",
+         "ro.product.cpu.abi": "arm64-v8a", "ro.soc.model": "SM8550", "ro.board.platform": "kalama"}
+
+
+@pytest.fixture
+def adb(tmp_path):
+    s = AdbServer(tmp_path / "adb", free_port()).start()
+    yield s
+    s.stop()
+
+
+def make_peer(tmp_path, adb, authorized=True, port=None):
+    keys = tmp_path / "adb_keys"
+    keys.write_text(adb.pubkey.read_text() if authorized else "")
+    return AdbdPeer(tmp_path / "peer", port or free_port(), keys, PROPS).start()
+
+
+def transport(adb, peer, tmp_path, **kw):
+    return ADBTransport("phone", f"127.0.0.1:{peer.port}", adb_port=adb.port, workdir=str(tmp_path / "dlt"), **kw)
+
+
+def test_shell_v2_exit_codes_stderr_and_getprop(adb, tmp_path):
+    peer = make_peer(tmp_path, adb)
+    t = transport(adb, peer, tmp_path)
+    t.connect()
+    assert t.v2
+    r = t.run(["sh", "-c", "echo out; echo err >&2; exit 7"])
+    assert (r.rc, r.stdout, r.stderr) == (7, "out\n", "err\n")
+    assert t.run(["getprop", "ro.product.model"]).stdout.strip() == "Peer 7"
+    peer.kill()
+
+
+def test_hostile_arguments_and_paths(adb, tmp_path):
+    peer = make_peer(tmp_path, adb)
+    t = transport(adb, peer, tmp_path)
+    marker = tmp_path / "pwned"
+    args = ["a b", "it's", 'x"y', f"; touch {marker}", f"$(touch {marker})", f"`touch {marker}`", "$HOME"]
+    r = t.run(["printf", "%s\\n", *args])
+    assert r.stdout.split("\n")[:-1] == args and not marker.exists()
+    f = tmp_path / "m.bin"
+    f.write_bytes(os.urandom(300_000))
+    sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    got = push.ensure(t, f, sha, "model; $(touch pwned) `x` 'q'.gguf")
+    assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == sha and not marker.exists()
+    back = tmp_path / "back.bin"
+    t.get(got, back)
+    assert back.read_bytes() == f.read_bytes()
+    peer.kill()
+
+
+def test_hostile_serial_runs_nothing(adb, tmp_path):
+    marker = tmp_path / "pwned"
+    t = ADBTransport("phone", f"127.0.0.1:1; touch {marker}", adb_port=adb.port, reconnect_tries=0)
+    with pytest.raises(RetryableError, match="not connected"):
+        t.connect()
+    assert not marker.exists()
+
+
+def test_unauthorized_is_one_clear_line(adb, tmp_path):
+    peer = make_peer(tmp_path, adb, authorized=False)
+    adb.connect(f"127.0.0.1:{peer.port}")
+    deadline = time.time() + 10
+    while adb.state(f"127.0.0.1:{peer.port}") != "unauthorized" and time.time() < deadline:
+        time.sleep(0.1)
+    t = transport(adb, peer, tmp_path)
+    with pytest.raises(DevicelabError, match="is unauthorized: unlock it and accept the 'Allow USB debugging"):
+        t.connect()
+    peer.kill()
+
+
+def test_offline_then_back_reconnects(adb, tmp_path):
+    peer = make_peer(tmp_path, adb)
+    peer.mute = True                                       # answers nothing: adb shows it offline
+    serial = f"127.0.0.1:{peer.port}"
+    adb.connect(serial)
+    deadline = time.time() + 10
+    while adb.state(serial) != "offline" and time.time() < deadline:
+        time.sleep(0.1)
+    assert adb.state(serial) == "offline"
+    # bounded: with the phone still silent, the transport gives up with a retryable error
+    with pytest.raises(RetryableError, match="offline after 1 reconnect tries"):
+        transport(adb, peer, tmp_path, reconnect_tries=1, reconnect_wait=0.2).connect()
+    threading.Timer(1.0, lambda: setattr(peer, "mute", False)).start()
+    t = transport(adb, peer, tmp_path, reconnect_tries=6, reconnect_wait=0.5)
+    t.connect()                                            # came back within the bounded retries
+    assert t.run(["echo", "back"]).stdout == "back\n"
+    peer.kill()
+
+
+def test_peer_killed_mid_push_then_push_again(adb, tmp_path):
+    peer = make_peer(tmp_path, adb)
+    t = transport(adb, peer, tmp_path)
+    t.connect()
+    big = tmp_path / "big.bin"
+    block = os.urandom(1 << 20)
+    with open(big, "wb") as fh:
+        for _ in range(150):
+            fh.write(block)
+    sha = hashlib.sha256(big.read_bytes()).hexdigest()
+    dst = push.remote_path(t, sha, "big.bin")
+    err = []
+    th = threading.Thread(target=lambda: err.append(_try(lambda: push.ensure(t, big, sha, "big.bin"))))
+    th.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and not (os.path.exists(dst + ".part") and os.path.getsize(dst + ".part") > 4 << 20):
+        time.sleep(0.005)
+    peer.kill()
+    th.join(60)
+    assert isinstance(err[0], RetryableError), err
+    assert not os.path.exists(dst + ".ok")
+    peer2 = AdbdPeer(tmp_path / "peer", peer.port, peer.adb_keys, PROPS).start()
+    t2 = transport(adb, peer2, tmp_path, reconnect_tries=8, reconnect_wait=0.5)
+    got = push.ensure(t2, big, sha, "big.bin")
+    assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == sha
+    peer2.kill()
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        return e
+
+
+def _battery_root(tmp_path):
+    ps = tmp_path / "sysfs" / "sys/class/power_supply/battery"
+    ps.mkdir(parents=True)
+    for k, v in {"type": "Battery", "status": "Discharging", "current_now": "-350000", "voltage_now": "3912000",
+                 "capacity": "77", "temp": "301"}.items():
+        (ps / k).write_text(v + "\n")
+    z = tmp_path / "sysfs" / "sys/class/thermal/thermal_zone0"
+    z.mkdir(parents=True)
+    (z / "type").write_text("cpu-1-0-usr\n")
+    (z / "temp").write_text("39500\n")
+    return tmp_path / "sysfs"
+
+
+PHONE_RECIPE = """
+name: phone
+devices: [phone]
+models: [{name: smollm2-135m}]
+quants: [q8_0, q4_0]
+payloads:
+  - {kind: bench, prompt: [8], gen: [4], threads: [2], repetitions: 1}
+recommend: {context: 512, max_kld_mean: 1, min_decode_tps: 0.1}
+"""
+
+
+def _phone_lab(tmp_path, adb, peer, root):
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(f"devices:\n  - name: phone\n    transport: adb\n    serial: '127.0.0.1:{peer.port}'\n"
+                   f"    adb_port: {adb.port}\n    workdir: '{tmp_path}/phone-tmp'\n    telemetry_root: '{root}'\n"
+                   "    cpu_features: 'fp asimd asimddp'\n    exec_prefix: [qemu-aarch64-static]\n")
+    return lab
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not shutil.which("qemu-aarch64-static"), reason="needs qemu-user-static")
+def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_path):
+    peer = make_peer(tmp_path, adb)
+    log = fake_dumpsys(peer, FIXTURES / "snapshots/dumpsys-battery-unplugged.txt",
+                       FIXTURES / "snapshots/dumpsys-thermalservice.txt")
+    root = _battery_root(tmp_path)
+    lab = _phone_lab(tmp_path, adb, peer, root)
+    recipe = tmp_path / "r.yaml"
+    # without an NDK the phone gets the static aarch64 build; its binaries run in the peer under qemu
+    recipe.write_text(PHONE_RECIPE + "  - {kind: kld, ctx: 128, chunks: 2}\n")
+    env = {k: "" for k in ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT")}
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "phone: ship smollm2-135m" in p.stdout and "no Android NDK" in p.stderr
+    from devicelab.ledger import Ledger
+    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    assert rows.target.str.startswith("aarch64-linux-static").all()
+    assert rows.device_facts.str.contains("Android 14").all() and rows.device_facts.str.contains("Peer 7").all()
+    assert (rows[rows.metric == "decode_tps"].value > 0).all()
+    # telemetry from the phone's (fixture) sysfs: 0.35 A × 3.912 V, sign flipped to 'discharge positive'
+    pw = rows[(rows.metric == "power_mean") & (rows.phase == "cell")].value
+    assert len(pw) == 4 and (pw - 0.35 * 3.912).abs().max() < 1e-6
+    assert (rows[rows.metric == "temp_start"].value == 39.5).all()
+    # snapshots and the charging hygiene: unplug before, reset after, every cell
+    calls = log.read_text().splitlines()
+    assert calls.count("battery unplug") == calls.count("battery reset") == 4
+    assert rows[rows.metric == "thermal_status"].value.eq(2).all()
+    peer.kill()
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not shutil.which("qemu-aarch64-static"), reason="needs qemu-user-static")
+def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, smol_path):
+    peer = make_peer(tmp_path, adb)
+    root = _battery_root(tmp_path)
+    lab = _phone_lab(tmp_path, adb, peer, root)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(PHONE_RECIPE.replace("gen: [4]", "gen: [48]").replace("repetitions: 1", "repetitions: 2"))
+    db = tmp_path / "lab" / "ledger.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab", str(lab),
+                             "--lab-dir", str(tmp_path / "lab")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        try:
+            st = dict(sqlite3.connect(db).execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())
+        except sqlite3.Error:
+            st = {}
+        if st.get("running", 0) == 1:
+            break
+        time.sleep(0.05)
+    time.sleep(2.0)
+    peer.kill()                                            # the phone is unplugged mid-cell
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out + err
+    con = sqlite3.connect(db)
+    st = dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())
+    assert st.get("failed-retryable", 0) >= 1 and "running" not in st
+    assert con.execute("SELECT count(*) FROM rows r JOIN cells c USING(cell_id) WHERE c.status != 'done'"
+                       ).fetchone()[0] == 0
+    peer2 = AdbdPeer(tmp_path / "peer", peer.port, peer.adb_keys, PROPS).start()
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall()) == {"done": 2}
+    peer2.kill()
