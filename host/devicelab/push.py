@@ -28,8 +28,11 @@ def ensure(t: Transport, local: Path, sha: str, name: str | None = None, mode: s
     part = dst + ".part"
     got = None
     for _ in range(attempts):
-        t.put(Path(local), part)
-        got = t.sha256(part)
+        if hasattr(t, "put_verified"):
+            got = t.put_verified(Path(local), part) or t.sha256(part)   # hashed on the device while written
+        else:
+            t.put(Path(local), part)
+            got = t.sha256(part)
         if got == sha:
             break
     else:

@@ -12,6 +12,8 @@ import hashlib
 import os
 import posixpath
 import select
+import shutil
+import subprocess
 import socket
 import time
 from pathlib import Path
@@ -23,6 +25,17 @@ from ..errors import DevicelabError, RetryableError
 from .base import CommandResult, Transport, quote_argv
 
 CHUNK = 1 << 20
+OPENSSH_MIN_BYTES = 8 << 20    # larger pushes go through the system's OpenSSH client when it has one
+# write the stream to the file and hash it on the way: the push is verified without a second read
+_TEE_SHA = ('f=$1; if command -v sha256sum >/dev/null 2>&1; then tee "$f" | sha256sum; '
+            'else tee "$f" | shasum -a 256; fi')
+PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
+
+
+class _FastTransport(paramiko.Transport):
+    """GCM ciphers first: no separate HMAC pass, ~30% faster in paramiko (measured: bench/push_throughput.py)."""
+    _preferred_ciphers = PREFERRED_CIPHERS + tuple(c for c in paramiko.Transport._preferred_ciphers
+                                                   if c not in PREFERRED_CIPHERS)
 WINDOW = 1 << 27          # a large channel window: paramiko's 2 MiB default starves fast links
 
 
@@ -89,7 +102,8 @@ class SSHTransport(Transport):
         try:
             c.connect(self.host, self.port, username=self.user, key_filename=self.key_files or None,
                       allow_agent=True, look_for_keys=not self.key_files, timeout=self.timeout,
-                      banner_timeout=self.timeout, auth_timeout=self.timeout, sock=sock)
+                      banner_timeout=self.timeout, auth_timeout=self.timeout, sock=sock,
+                      transport_factory=_FastTransport)
         except paramiko.BadHostKeyException as e:
             raise DevicelabError(
                 f"HOST KEY CHANGED for {entry} ({self.name}): got {fingerprint(e.key)}, known_hosts has "
@@ -172,16 +186,33 @@ class SSHTransport(Transport):
 
     # ---------------------------------------------------------------- files
     def put(self, local: Path, remote: str) -> None:
-        """Stream the file into `cat > remote` over one channel with a large window: several times faster
-        than paramiko's SFTP, which waits on 32 KiB requests. Integrity is checked by the caller (sha256)."""
+        self.put_verified(local, remote)
+
+    def put_verified(self, local: Path, remote: str) -> str | None:
+        """Send a file and return the sha256 the device computed while writing it (one pass on each side).
+        Large files go through the system's OpenSSH client when present — with the same host key check
+        (StrictHostKeyChecking=yes against the same known_hosts) — since paramiko's pure-Python packet path
+        is CPU-bound at about half of scp's rate; otherwise one paramiko channel with a large window,
+        which beats paramiko's SFTP (it waits on 32 KiB requests)."""
         self.mkdir(posixpath.dirname(remote))
+        cmd = quote_argv(["sh", "-c", _TEE_SHA, "devicelab", remote])
+        if os.path.getsize(local) >= OPENSSH_MIN_BYTES and shutil.which("ssh") and not os.environ.get("DEVICELAB_NO_OPENSSH"):
+            return self._put_openssh(local, cmd)
         ch = self._session(None)
+        out = bytearray()
         try:
-            ch.exec_command("cat > " + quote_argv([remote]))
+            ch.exec_command(cmd)
             with open(local, "rb") as fh:
                 while b := fh.read(CHUNK):
                     ch.sendall(b)
+                    while ch.recv_ready():
+                        out += ch.recv(CHUNK)
             ch.shutdown_write()
+            while True:
+                b = ch.recv(CHUNK)
+                if not b:
+                    break
+                out += b
             rc = ch.recv_exit_status()
         except (socket.timeout, paramiko.SSHException, EOFError, OSError) as e:
             self.client = None
@@ -190,6 +221,27 @@ class SSHTransport(Transport):
             ch.close()
         if rc != 0:
             raise RetryableError(f"push of {Path(local).name} to {self.name} failed (exit {rc}); is the device's storage full?")
+        return out.decode(errors="replace").split()[0].lower() if out.strip() else None
+
+    def openssh_argv(self) -> list[str]:
+        a = ["ssh", "-p", str(self.port), "-l", self.user, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+             "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+             "-o", f"ConnectTimeout={int(self.timeout)}"]
+        if self.ssh_config:
+            a += ["-F", self.ssh_config]
+        for k in self.key_files:
+            a += ["-i", k]
+        if self.proxy_jump:
+            a += ["-J", self.proxy_jump]
+        return a + [self.host, "--"]
+
+    def _put_openssh(self, local: Path, cmd: str) -> str | None:
+        with open(local, "rb") as fh:
+            p = subprocess.run(self.openssh_argv() + [cmd], stdin=fh, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RetryableError(f"push of {Path(local).name} to {self.name} broke off (ssh exit {p.returncode}: "
+                                 f"{p.stderr.strip()[:160]})")
+        return p.stdout.split()[0].lower() if p.stdout.strip() else None
 
     def get(self, remote: str, local: Path) -> None:
         ch = self._session(None)
