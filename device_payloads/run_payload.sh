@@ -14,8 +14,22 @@ mkdir -p "$outdir" || exit 125
 now() { up=""; { read -r up _ < /proc/uptime; } 2>/dev/null; echo "${up:-}"; }
 fifo="$outdir/.stdout.fifo"
 rm -f "$fifo"; mkfifo "$fifo" || exit 125
+# optional resource conditions, recorded by the host in the cell's provenance:
+#   DEVICELAB_CGROUP=DIR     run the payload inside this cgroup (CPU quota; made by cgroup.sh)
+#   DEVICELAB_CONTENTION=N   N busy-looping shells co-run with the payload
+spins=""
+n=${DEVICELAB_CONTENTION:-0}
+while [ "$n" -gt 0 ]; do
+  sh -c 'while :; do :; done' & spins="$spins $!"
+  n=$((n - 1))
+done
 { echo "start_s=$(now)"; echo "start_epoch=$(date +%s)"; } > "$outdir/clock"
-"$@" > "$fifo" 2> "$outdir/stderr.txt" &
+if [ -n "${DEVICELAB_CGROUP:-}" ]; then
+  procs="$DEVICELAB_CGROUP/cgroup.procs"; [ -e "$procs" ] || procs="$DEVICELAB_CGROUP/tasks"
+  ( echo 0 > "$procs" && exec "$@" ) > "$fifo" 2> "$outdir/stderr.txt" &
+else
+  "$@" > "$fifo" 2> "$outdir/stderr.txt" &
+fi
 pid=$!
 # the sampler's shell: one that paces with `read -t` (no fork per tick) when the device has one
 sampler_sh=${DEVICELAB_SAMPLER_SHELL:-}
@@ -26,12 +40,13 @@ fi
 : "${sampler_sh:=sh}"
 $sampler_sh "$here/sampler.sh" -o "$outdir/telemetry.csv" -p "$pid" -i "$interval" -R "$root" &
 spid=$!
-echo "runner=$$ payload=$pid sampler=$spid" > "$outdir/pids"
+echo "runner=$$ payload=$pid sampler=$spid${spins:+ spin=}$(echo $spins | tr ' ' ',')" > "$outdir/pids"
 while IFS= read -r line; do
   up=""; { read -r up _ < /proc/uptime; } 2>/dev/null
   printf '%s\t%s\n' "$up" "$line"
 done < "$fifo" > "$outdir/stdout.tsv"
 wait "$pid"; rc=$?
+[ -n "$spins" ] && kill $spins 2>/dev/null
 wait "$spid" 2>/dev/null
 { echo "end_s=$(now)"; echo "end_epoch=$(date +%s)"; } >> "$outdir/clock"
 echo "$rc" > "$outdir/exit_code"

@@ -256,6 +256,42 @@ def recommend(lab_dir, recipe_file, from_file, context, max_kld, max_ppl_ratio, 
     _print_recs(rows, spec, as_json=as_json)
 
 
+@main.command()
+@click.option("--lab-dir", default=None)
+@click.option("--recipe", default=None)
+@click.option("--from", "from_file", default=None)
+def roofline(lab_dir, recipe, from_file):
+    """Per bench row: t/s against the device's limit (bandwidth for decode, FMA peak for prefill) and the bound."""
+    import pandas as pd
+    from .analysis import roofline as rl
+    df = rl(_load_rows(lab_dir, recipe, from_file))
+    if df.empty:
+        console.print("no bench rows")
+        return
+    t = Table("device", "model", "quant", "bits/w", "test", "threads", "quota", "load", "t/s", "limit t/s",
+              "efficiency", "bound", title="roofline (limits from the membw payload)")
+    for _, r in df.iterrows():
+        t.add_row(r.device, r.model, r.quant, _fmt(r.bpw), r.test, str(r.threads), _fmt(r.cpu_quota, "{:g}"),
+                  "0" if pd.isna(r.contention) else str(r.contention), _fmt(r.tps, "{:.1f}"),
+                  _fmt(r.limit_tps, "{:.1f}"), _fmt(r.efficiency, "{:.0%}"), r.bound)
+    console.print(t)
+
+
+@main.command()
+@click.option("--lab-dir", default=None)
+@click.option("--recipe", default=None)
+@click.option("--from", "from_file", default=None)
+def findings(lab_dir, recipe, from_file):
+    """Check the seeds' claims (decode vs BPW, core scaling, the quality knee, memory vs BPW) on your data."""
+    from .analysis import findings as fd
+    fs = fd(_load_rows(lab_dir, recipe, from_file))
+    if not fs:
+        console.print("not enough data for any finding")
+    for f in fs:
+        mark = {True: "[green]held[/]", False: "[red]did not hold[/]", None: "[yellow]not enough data[/]"}[f["held"]]
+        console.print(f"{f['device']} {f['model']}: {f['claim']}: {mark} — {escape(f['evidence'])}")
+
+
 @main.command("import-bench")
 @click.argument("files", nargs=-1, type=click.Path(exists=True, path_type=Path), required=True)
 @click.option("--device", required=True, help="device name the results came from")
@@ -318,8 +354,8 @@ def devices_probe(lab_file, names):
 
 # ---------------------------------------------------------------- printing
 def _fmt(v, f="{:.2f}"):
-    import math
-    if v is None or (isinstance(v, float) and math.isnan(v)):
+    import pandas as pd
+    if v is None or pd.isna(v):
         return "—"
     return f.format(v)
 

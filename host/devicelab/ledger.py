@@ -34,6 +34,7 @@ CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT);
 """
 
 DONE, PENDING, RUNNING, FAILED, RETRYABLE = "done", "pending", "running", "failed", "failed-retryable"
+SKIPPED = "skipped"        # the device cannot do this cell (e.g. no cgroup to set a CPU quota): terminal, with a reason
 
 
 def _now() -> str:
@@ -119,6 +120,13 @@ class Ledger:
             self.db.execute("UPDATE cells SET status=?, finished_at=?, error=NULL WHERE cell_id=?",
                             (DONE, _now(), cell_id))
 
+    def skip_cell(self, cell_id: str, reason: str) -> None:
+        with self.db:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute("DELETE FROM rows WHERE cell_id=?", (cell_id,))
+            self.db.execute("UPDATE cells SET status=?, finished_at=?, error=? WHERE cell_id=?",
+                            (SKIPPED, _now(), reason[:2000], cell_id))
+
     def fail_cell(self, cell_id: str, error: str, retryable: bool) -> None:
         self.db.execute("UPDATE cells SET status=?, finished_at=?, error=? WHERE cell_id=?",
                         (RETRYABLE if retryable else FAILED, _now(), error[:2000], cell_id))
@@ -144,8 +152,9 @@ class Ledger:
             q += " WHERE " + " AND ".join(conds)
         df = pd.read_sql_query(q + " ORDER BY r.row_id", self.db, params=args)
         for c in ("threads", "n_prompt", "n_gen", "n_depth", "ctx", "n", "model_bytes", "n_params",
-                  "kv_bytes_per_token", "device_mem_bytes"):
+                  "kv_bytes_per_token", "device_mem_bytes", "contention", "n_parallel"):
             df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
+        df["cpu_quota"] = pd.to_numeric(df["cpu_quota"], errors="coerce")
         df["throttled"] = df["throttled"].map({"1": True, "0": False, 1: True, 0: False, "True": True, "False": False})
         return df
 

@@ -10,7 +10,9 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from .recipes import BenchSpec, KLDSpec, Recipe
+import itertools
+
+from .recipes import BatchedSpec, BenchSpec, EvalSpec, KLDSpec, MembwSpec, Recipe
 
 
 @dataclass(frozen=True)
@@ -24,7 +26,11 @@ class Cell:
     cell_id: str = ""
 
     def label(self) -> str:
-        extra = f" t={self.params['threads']}" if self.payload == "bench" else ""
+        extra = ""
+        if self.payload == "bench":
+            p = self.params
+            extra = f" t={p['threads']}" + (f" mask={p['cpu_mask']}" if p.get("cpu_mask") else "") + \
+                (f" quota={p['quota']}" if p.get("quota") else "") + (f" load={p['contention']}" if p.get("contention") else "")
         return f"{self.device} {self.model} {self.quant} {self.payload}{extra}"
 
 
@@ -39,17 +45,28 @@ def expand(recipe: Recipe, source_commit: str, model_sha: dict[str, str]) -> lis
             for q in recipe.quants:
                 for p in recipe.payloads:
                     if isinstance(p, BenchSpec):
-                        variants = [{"threads": t} for t in p.threads]
-                        base = p.model_dump(exclude={"threads", "kind"})
-                    elif isinstance(p, KLDSpec):
+                        variants = [{"threads": t, "cpu_mask": m, "quota": qq, "contention": c}
+                                    for t, m, qq, c in itertools.product(p.threads, p.cpu_masks, p.quota, p.contention)]
+                        base = p.model_dump(exclude={"threads", "kind", "cpu_masks", "quota", "contention"})
+                    elif isinstance(p, MembwSpec):
+                        continue                # a device property: once per device, below
+                    elif isinstance(p, (KLDSpec, BatchedSpec, EvalSpec)):
                         variants = [{}]
                         base = p.model_dump(exclude={"kind"})
                     else:  # pragma: no cover - the recipe schema admits only these
                         raise TypeError(p)
                     for v in variants:
                         params = {**base, **v}
+                        if isinstance(p, BenchSpec) and v["cpu_mask"] is None and v["quota"] is None \
+                                and v["contention"] == 0:
+                            params = {k: x for k, x in params.items() if k not in ("cpu_mask", "quota", "contention")}
                         ident = {"recipe": recipe.name, "device": dev, "model": m.name,
                                  "model_sha256": model_sha[m.name], "quant": q, "payload": p.kind,
                                  "params": params, "source_commit": source_commit}
                         cells.append(Cell(recipe.name, dev, m.name, q, p.kind, params, cell_id(ident)))
+        for p in recipe.payloads:
+            if isinstance(p, MembwSpec):
+                params = p.model_dump(exclude={"kind"})
+                ident = {"recipe": recipe.name, "device": dev, "payload": "membw", "params": params}
+                cells.append(Cell(recipe.name, dev, "-", "-", "membw", params, cell_id(ident)))
     return cells

@@ -32,6 +32,9 @@ class BenchSpec(_Strict):
     pg: list[tuple[int, int]] = []
     depth: list[Annotated[int, Field(ge=0)]] = [0]
     threads: list[Annotated[int, Field(ge=1)]] = [1]
+    cpu_masks: list[str | None] = [None]        # llama-bench -C hex masks (affinity), one cell each
+    quota: list[Annotated[float, Field(gt=0)] | None] = [None]   # CPU quota in cores (0.5 = half a core), cgroup
+    contention: list[Annotated[int, Field(ge=0)]] = [0]          # busy-looping co-runners
     repetitions: int = Field(default=3, ge=1)
     warmup: bool = True
     cache_type_k: str | None = None
@@ -44,9 +47,49 @@ class KLDSpec(_Strict):
     ctx: int = Field(default=128, ge=16)
     chunks: int = Field(default=8, ge=1)
     threads: int | None = Field(default=None, ge=1)
+    host_check: bool | None = None    # also compare the device's logits with the host's for the same file
+                                      # (default: on for every device that is not this machine)
 
 
-Payload = Annotated[Union[BenchSpec, KLDSpec], Field(discriminator="kind")]
+class MembwSpec(_Strict):
+    """Roofline payload: streaming-read bandwidth and an FMA compute peak (device_payloads/membw.c)."""
+    kind: Literal["membw"]
+    mib: int = Field(default=512, ge=16)
+    threads: int | None = Field(default=None, ge=1)
+    repetitions: int = Field(default=5, ge=1)
+
+
+class BatchedSpec(_Strict):
+    """Parallel streams: aggregate throughput at several concurrent sequences (llama-batched-bench)."""
+    kind: Literal["batched"]
+    prompt: int = Field(default=64, ge=1)
+    gen: int = Field(default=32, ge=1)
+    parallel: list[Annotated[int, Field(ge=1)]] = [1, 2, 4, 8]
+    threads: int | None = Field(default=None, ge=1)
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+
+
+class EvalSpec(_Strict):
+    """Task evals. route 'device-mc': llama-perplexity --hellaswag/--winogrande/--multiple-choice on the
+    device with a data file in llama.cpp's format."""
+    kind: Literal["eval"]
+    route: Literal["device-mc", "server-generate", "host-loglikelihood"] = "device-mc"
+    task: Literal["hellaswag", "winogrande", "multiple-choice"] = "hellaswag"
+    data: str
+    tasks: int = Field(default=0, ge=0)           # 0 = all
+    ctx: int = Field(default=512, ge=64)
+    threads: int | None = Field(default=None, ge=1)
+
+    @field_validator("route")
+    @classmethod
+    def _route(cls, v: str) -> str:
+        if v != "device-mc":
+            raise ValueError(f"route {v!r} is not available in this version; use route: device-mc")
+        return v
+
+
+Payload = Annotated[Union[BenchSpec, KLDSpec, MembwSpec, BatchedSpec, EvalSpec], Field(discriminator="kind")]
 
 
 class RecommendSpec(_Strict):
@@ -56,6 +99,8 @@ class RecommendSpec(_Strict):
     min_decode_tps: float = Field(default=0.0, ge=0)
     max_energy_per_token: float | None = Field(default=None, gt=0)
     ram_fraction: float = Field(default=0.75, gt=0, le=1)
+    max_devhost_kld: float = Field(default=0.01, gt=0)   # device vs host logits for the same file
+    min_accuracy: float | None = Field(default=None, ge=0, le=1)
     prefer: Literal["smallest", "fastest", "best_quality"] = "smallest"
 
 

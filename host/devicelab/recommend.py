@@ -75,6 +75,7 @@ def _metric(df: pd.DataFrame, metric: str, how: str = "max", phase: str | None =
 
 def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
     out = []
+    rows = rows[rows["model_bytes"].notna()]          # device-level rows (membw) are not candidates
     if rows.empty:
         return out
     for (device, model, quant), g in rows.groupby(["device", "model", "quant"], sort=False):

@@ -23,7 +23,7 @@ from .build import source as sourcemod
 from .build import targets
 from .errors import DevicelabError, RetryableError
 from .hashing import sha256_file
-from .ledger import DONE, Ledger
+from .ledger import DONE, SKIPPED, Ledger
 from .models import store
 from .models.ladder import Ladder, QuantFile
 from .payloads import bench as benchp
@@ -36,6 +36,27 @@ from .transports import open_transport
 from .transports.base import Transport
 
 PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code")
+
+
+@dataclass
+class SkipCell(Exception):
+    """This device cannot run this cell (a reason, not an error): recorded as skipped."""
+
+
+def parse_batched(stdout: str) -> list[Row]:
+    rows = []
+    for line in stdout.splitlines():
+        line = line.split("\t", 1)[-1].strip()
+        if not line.startswith("{"):
+            continue
+        r = json.loads(line)
+        kw = dict(test=f"pp{r['pp']}+tg{r['tg']}x{r['pl']}", phase="parallel", n_prompt=r["pp"], n_gen=r["tg"],
+                  n_parallel=r["pl"], threads=r.get("n_threads"), ctx=r.get("n_kv_max"))
+        rows.append(Row(metric="aggregate_tps", value=float(r["speed"]), **kw))
+        rows.append(Row(metric="aggregate_decode_tps", value=float(r["speed_tg"]), **kw))
+    if not rows:
+        raise DevicelabError("llama-batched-bench printed no result line; see the cell's stderr.txt")
+    return rows
 
 
 @dataclass
@@ -141,6 +162,25 @@ class Executor:
         meta.write_text(json.dumps({"ppl_base": ppl, "base_sha256": base.sha256, "text": str(text), **spec}))
         return out, ppl
 
+    def host_quant_logits(self, model: str, quant: str, spec: dict) -> Path:
+        """The same quant file's logits made on the host: the reference a device's run of that file is
+        checked against (a backend bug or a silent fallback on the device shows up as KLD > 0)."""
+        qf = self.ladder(model).quant(quant)
+        text = resolve_text(spec["text"], self.src)
+        key = hashlib.sha256(json.dumps([qf.sha256, sha256_file(text), spec["ctx"], spec["chunks"]]).encode()).hexdigest()[:16]
+        out = paths.sub("kld") / f"{model}-{quant}-host-{key}.kld"
+        if out.exists():
+            return out
+        hb = self.host_build()
+        p = pplp.KLDParams(ctx=spec["ctx"], chunks=spec["chunks"], threads=max(1, os.cpu_count() or 2))
+        log = out.with_suffix(".log")
+        log.write_text("")
+        tmp = out.with_suffix(".part")
+        run_logged(pplp.base_argv(str(hb.tool("llama-perplexity")), str(qf.path), str(text), str(tmp), p), log,
+                   what=f"llama-perplexity (host logits of {quant})")
+        tmp.rename(out)
+        return out
+
     # ---------- main ----------
     def run(self) -> RunReport:
         t0 = time.time()
@@ -151,7 +191,7 @@ class Executor:
         shas = {m.name: sha256_file(self._model_paths[m.name]) for m in r.models}
         cells = expand(r, self.src.commit, shas)
         self.ledger.register(cells)
-        todo = [c for c in cells if self.ledger.status(c.cell_id) != DONE]
+        todo = [c for c in cells if self.ledger.status(c.cell_id) not in (DONE, SKIPPED)]
         run_id = self.ledger.start_run(r.name, self.recipe_sha, len(cells))
         rep = RunReport(run_id, len(cells), len(cells) - len(todo))
         self.ev.cells(len(todo))
@@ -211,6 +251,9 @@ class Executor:
                     self._run_cell(t, dev, kit, facts, build, baseline, c, run_id)
                     rep.ran += 1
                     self.ev.cell_done(c, True)
+                except SkipCell as e:
+                    rep.ran += 1
+                    self.ev.cell_done(c, True, f"skipped: {e}")
                 except KeyboardInterrupt:
                     self.ledger.fail_cell(c.cell_id, "interrupted by the user", retryable=True)
                     raise
@@ -245,68 +288,113 @@ class Executor:
             time.sleep(2.0)
         return time.time() - t0
 
-    def _run_cell(self, t: Transport, dev: labmod.Device, kit: str, facts: dict, build: buildcache.Build,
-                  baseline: float | None, c: Cell, run_id: str) -> None:
-        lad = self.ladder(c.model)
-        qf: QuantFile = lad.quant(c.quant)
-        remote_model = push.ensure(t, qf.path, qf.sha256, qf.path.name)
-        tool = "llama-bench" if c.payload == "bench" else "llama-perplexity"
+    def _tool(self, t: Transport, build, tool: str) -> str:
+        if tool not in build.manifest["tools"]:
+            raise SkipCell(f"the {build.manifest['target']} build has no {tool}")
         if build.manifest.get("where") == "device":
-            remote_tool = build.tool(tool)            # built on the device, already there
-        else:
-            remote_tool = push.ensure(t, build.tool(tool), build.manifest["tools"][tool], tool, mode="755")
-        if c.payload == "bench":
-            bp = benchp.BenchParams(prompt=tuple(c.params["prompt"]), gen=tuple(c.params["gen"]),
-                                    pg=tuple(tuple(x) for x in c.params["pg"]), depth=tuple(c.params["depth"]),
-                                    threads=c.params["threads"], repetitions=c.params["repetitions"],
-                                    warmup=c.params["warmup"], cache_type_k=c.params.get("cache_type_k"),
-                                    cache_type_v=c.params.get("cache_type_v"))
-            argv = benchp.argv(remote_tool, remote_model, bp)
-            ppl_base = None
-        else:
-            logits, ppl_base = self.kld_base(c.model, c.params)
-            remote_logits = push.ensure(t, logits, sha256_file(logits), logits.name)
-            kp = pplp.KLDParams(ctx=c.params["ctx"], chunks=c.params["chunks"],
-                                threads=c.params.get("threads") or facts.get("cpu_count") or 1)
-            argv = pplp.kld_argv(remote_tool, remote_model, remote_logits, kp)
+            return build.tool(tool)                       # built on the device, already there
+        return push.ensure(t, build.tool(tool), build.manifest["tools"][tool], tool, mode="755")
 
+    def _prepare(self, t: Transport, dev: labmod.Device, kit: str, facts: dict, build, c: Cell):
+        """Per payload kind: the device command line(s), the environment, and the model file if any."""
+        P = c.params
+        ncpu = facts.get("cpu_count") or 1
+        env: dict[str, str] = {}
+        qf = None
+        if c.payload != "membw":
+            qf = self.ladder(c.model).quant(c.quant)
+            remote_model = push.ensure(t, qf.path, qf.sha256, qf.path.name)
+        runs: list[tuple[str, list[str]]] = []
+        if c.payload == "bench":
+            bp = benchp.BenchParams(prompt=tuple(P["prompt"]), gen=tuple(P["gen"]), pg=tuple(tuple(x) for x in P["pg"]),
+                                    depth=tuple(P["depth"]), threads=P["threads"], repetitions=P["repetitions"],
+                                    warmup=P["warmup"], cpu_mask=P.get("cpu_mask"),
+                                    cache_type_k=P.get("cache_type_k"), cache_type_v=P.get("cache_type_v"))
+            runs.append(("main", benchp.argv(self._tool(t, build, "llama-bench"), remote_model, bp)))
+            if P.get("contention"):
+                env["DEVICELAB_CONTENTION"] = str(P["contention"])
+        elif c.payload == "kld":
+            tool = self._tool(t, build, "llama-perplexity")
+            logits, _ = self.kld_base(c.model, P)
+            remote_logits = push.ensure(t, logits, sha256_file(logits), logits.name)
+            kp = pplp.KLDParams(ctx=P["ctx"], chunks=P["chunks"], threads=P.get("threads") or ncpu)
+            runs.append(("main", pplp.kld_argv(tool, remote_model, remote_logits, kp)))
+            check = P.get("host_check")
+            if check is None:
+                check = dev.transport != "local" or bool(dev.exec_prefix) or bool(dev.target)
+            if check:
+                hl = self.host_quant_logits(c.model, c.quant, P)
+                rl = push.ensure(t, hl, sha256_file(hl), hl.name)
+                runs.append(("check", pplp.kld_argv(tool, remote_model, rl, kp)))
+        elif c.payload == "membw":
+            from .build import payloads as bpay
+            exe = bpay.ensure_membw(build)
+            remote = push.ensure(t, exe, sha256_file(exe), "membw", mode="755")
+            a = [remote, "-m", str(P["mib"]), "-r", str(P["repetitions"])]
+            a += ["-t", str(P.get("threads") or ncpu)]
+            runs.append(("main", a))
+        elif c.payload == "batched":
+            tool = self._tool(t, build, "llama-batched-bench")
+            npl = P["parallel"]
+            a = [tool, "-m", remote_model, "-c", str(max(npl) * (P["prompt"] + P["gen"])), "-b", "2048", "-ub", "512",
+                 "-npp", str(P["prompt"]), "-ntg", str(P["gen"]), "-npl", ",".join(map(str, npl)),
+                 "-t", str(P.get("threads") or ncpu), "--output-format", "jsonl"]
+            if P.get("cache_type_k"):
+                a += ["-ctk", P["cache_type_k"]]
+            if P.get("cache_type_v"):
+                a += ["-ctv", P["cache_type_v"]]
+            runs.append(("main", a))
+        elif c.payload == "eval":
+            from .payloads import evals
+            tool = self._tool(t, build, "llama-perplexity")
+            data = evals.resolve_data(P["data"])
+            rd = push.ensure(t, data, sha256_file(data), data.name)
+            runs.append(("main", evals.device_mc_argv(tool, remote_model, rd, P, P.get("threads") or ncpu)))
+        return runs, env, qf
+
+    def _run_cell(self, t: Transport, dev: labmod.Device, kit: str, facts: dict, build,
+                  baseline: float | None, c: Cell, run_id: str) -> None:
+        try:
+            runs, env, qf = self._prepare(t, dev, kit, facts, build, c)
+        except SkipCell as e:
+            self.ledger.begin_cell(c.cell_id, run_id)
+            self.ledger.skip_cell(c.cell_id, str(e))
+            return
         attempt, prev = self.ledger.begin_cell(c.cell_id, run_id)
         if prev:
             self._kill_stale(t, prev)
+        cgroup = None
+        if c.payload == "bench" and c.params.get("quota"):
+            q = float(c.params["quota"])
+            r = t.run(["sh", f"{kit}/cgroup.sh", "create", c.cell_id, str(int(q * 100000)), "100000"])
+            out = r.stdout.strip()
+            if not out or out.startswith("unsupported"):
+                self.ledger.skip_cell(c.cell_id, f"CPU quota not available on {dev.name}: {out or r.stderr.strip()}")
+                raise SkipCell(out)
+            cgroup = out.split(" ", 1)[1]
+            env["DEVICELAB_CGROUP"] = cgroup
         waited = self._cooldown(t, kit, dev, baseline)
-        remote_out = posixpath.join(t.workdir(), "cells", c.cell_id, f"attempt-{attempt}")
-        local_out = self.ledger.artifacts_dir / c.cell_id / f"attempt-{attempt}"
-        self.ledger.set_artifacts(c.cell_id, remote_out)
-        runner = ["sh", f"{kit}/run_payload.sh", remote_out, str(self.recipe.telemetry.interval_ms),
-                  dev.telemetry_root, "--", *dev.exec_prefix, *argv]
-        local_out.mkdir(parents=True, exist_ok=True)
+        base_remote = posixpath.join(t.workdir(), "cells", c.cell_id, f"attempt-{attempt}")
+        local_base = self.ledger.artifacts_dir / c.cell_id / f"attempt-{attempt}"
+        self.ledger.set_artifacts(c.cell_id, base_remote)
         tools = getattr(self, "_snap_tools", set())
-        with snapshots.ChargingHygiene(t, tools):
-            snap_rows, snap_start = snapshots.take(t, tools, "start", local_out)
-            res = t.run(runner, timeout=6 * 3600)
-            more, snap_end = snapshots.take(t, tools, "end", local_out)
-            snap_rows += more
-        (local_out / "argv.json").write_text(json.dumps(runner))
-        for name in PULLED:
-            src = posixpath.join(remote_out, name)
-            try:
-                t.get(src, local_out / name)
-            except (OSError, IOError):
-                pass
-        stderr = (local_out / "stderr.txt").read_text(errors="replace") if (local_out / "stderr.txt").exists() else res.stderr
-        if res.rc != 0:
-            if not (local_out / "exit_code").exists():
-                raise RetryableError(f"{c.label()}: the payload runner did not finish ({res.stderr.strip()[:200]})")
-            raise DevicelabError(f"{c.label()}: {tool} exited {res.rc}: {tail(stderr, 3)[:300]}")
-        stdout = (local_out / "stdout.tsv").read_text(errors="replace")
-        clock = dict(l.split("=", 1) for l in (local_out / "clock").read_text().splitlines() if "=" in l)
-        trace = sampler_csv.parse((local_out / "telemetry.csv").read_text(errors="replace")
-                                  if (local_out / "telemetry.csv").exists() else "")
-        cell_window = None
+        results = {}
         try:
-            cell_window = (float(clock["start_s"]), float(clock["end_s"]))
-        except (KeyError, ValueError):
-            pass
+            with snapshots.ChargingHygiene(t, tools):
+                local_base.mkdir(parents=True, exist_ok=True)
+                snap_rows, snap_start = snapshots.take(t, tools, "start", local_base)
+                for name, argv in runs:
+                    remote_out = base_remote if name == "main" else posixpath.join(base_remote, name)
+                    local_out = local_base if name == "main" else local_base / name
+                    runner = ["sh", f"{kit}/run_payload.sh", remote_out, str(self.recipe.telemetry.interval_ms),
+                              dev.telemetry_root, "--", *dev.exec_prefix, *argv]
+                    results[name] = self._run_and_pull(t, runner, env, remote_out, local_out, c, argv[0])
+                more, snap_end = snapshots.take(t, tools, "end", local_base)
+                snap_rows += more
+        finally:
+            if cgroup:
+                t.run(["sh", f"{kit}/cgroup.sh", "remove", cgroup])
+        stdout, stderr, trace, cell_window = results["main"]
         rows: list[Row] = []
         phases: list[normalize.Phase] = []
         if c.payload == "bench":
@@ -316,8 +404,23 @@ class Executor:
                 w = bt.window()
                 if w:
                     phases.append(normalize.Phase(bt.name, bt.kind, w[0], w[1], bt.tokens * len(bt.record.get("samples_ns") or [])))
-        else:
+        elif c.payload == "kld":
+            kp = pplp.KLDParams(ctx=c.params["ctx"], chunks=c.params["chunks"])
             rows += pplp.parse_kld(stdout + "\n" + stderr, kp)
+            if "check" in results:
+                chk = {r.metric: r for r in pplp.parse_kld(results["check"][0] + "\n" + results["check"][1], kp)}
+                for src, dst in (("kld_mean", "devhost_kld_mean"), ("same_top_p", "devhost_same_top_p")):
+                    r = chk[src]
+                    rows.append(Row(metric=dst, value=r.value, stddev=r.stddev, test=r.test, phase="host-check",
+                                    ctx=r.ctx, n=r.n, missing_reason=r.missing_reason))
+        elif c.payload == "membw":
+            from .build import payloads as bpay
+            rows += bpay.membw_rows(stdout)
+        elif c.payload == "batched":
+            rows += parse_batched(stdout)
+        elif c.payload == "eval":
+            from .payloads import evals
+            rows += evals.parse_device_mc(stdout + "\n" + stderr, c.params)
         summ = normalize.summarize(trace, phases, cell_window)
         rows += summ.rows + snap_rows
         ts0 = snap_start.get("dumpsys-thermalservice", {}).get("thermal_status")
@@ -327,37 +430,63 @@ class Executor:
         if cell_window:
             rows.append(Row(metric="wall_seconds", value=cell_window[1] - cell_window[0], phase="cell"))
         rows.append(Row(metric="cooldown_wait", value=waited, phase="cell"))
-        info = qf.info
-        kv_per_tok = None
-        try:
-            from .models.gguf_info import ModelInfo
-            mi = ModelInfo(**{k: info[k] for k in ModelInfo.__dataclass_fields__})
-            kv_per_tok = mi.kv_cache_bytes(1)
-        except (DevicelabError, KeyError, TypeError):
-            pass
-        base_man = self.ladder(c.model).base().manifest
         ctx = {
             "run_id": run_id, "cell_id": c.cell_id, "recipe": c.recipe, "device": c.device,
             "target": build.manifest["target"], "model": c.model, "quant": c.quant, "payload": c.payload,
-            "model_sha256": qf.sha256, "model_bytes": qf.manifest["bytes"], "bpw": qf.manifest["bpw"],
-            "n_params": info.get("n_params"), "kv_bytes_per_token": kv_per_tok,
-            "tensor_types": qf.manifest["tensor_types"], "base_note": base_man.get("note"),
             "build_commit": build.manifest["commit"], "build_flags": build.manifest["flags"],
             "build_key": build.key, "device_facts": factsmod.summary(facts),
             "device_mem_bytes": dev.ram_budget_bytes or facts.get("mem_total_bytes"),
             "temp_start_c": summ.temp_start_c, "temp_end_c": summ.temp_end_c, "throttled": summ.throttled,
+            "cpu_mask": c.params.get("cpu_mask"), "cpu_quota": c.params.get("quota"),
+            "contention": c.params.get("contention"),
         }
-        if ppl_base is not None:
-            ctx["base_note"] = (ctx["base_note"] or "") + f" host base PPL {ppl_base:.4f}"
+        if qf is not None:
+            info = qf.info
+            kv_per_tok = None
+            try:
+                from .models.gguf_info import ModelInfo
+                mi = ModelInfo(**{k: info[k] for k in ModelInfo.__dataclass_fields__})
+                kv_per_tok = mi.kv_cache_bytes(1)
+            except (DevicelabError, KeyError, TypeError):
+                pass
+            base_man = self.ladder(c.model).base().manifest
+            ctx.update({"model_sha256": qf.sha256, "model_bytes": qf.manifest["bytes"], "bpw": qf.manifest["bpw"],
+                        "n_params": info.get("n_params"), "kv_bytes_per_token": kv_per_tok,
+                        "tensor_types": qf.manifest["tensor_types"], "base_note": base_man.get("note")})
         for row in rows:
             row.context = ctx
-        (local_out / "calibration.json").write_text(json.dumps(summ.calibration, default=str))
+        (local_base / "calibration.json").write_text(json.dumps(summ.calibration, default=str))
         self.ledger.finish_cell(c.cell_id, rows)
+
+    def _run_and_pull(self, t, runner, env, remote_out, local_out, c, tool):
+        res = t.run(runner, timeout=6 * 3600, env=env or None)
+        local_out.mkdir(parents=True, exist_ok=True)
+        (local_out / "argv.json").write_text(json.dumps({"argv": runner, "env": env}))
+        for name in PULLED:
+            try:
+                t.get(posixpath.join(remote_out, name), local_out / name)
+            except (OSError, IOError):
+                pass
+        stderr = (local_out / "stderr.txt").read_text(errors="replace") if (local_out / "stderr.txt").exists() else res.stderr
+        if res.rc != 0:
+            if not (local_out / "exit_code").exists():
+                raise RetryableError(f"{c.label()}: the payload runner did not finish ({res.stderr.strip()[:200]})")
+            raise DevicelabError(f"{c.label()}: {posixpath.basename(tool)} exited {res.rc}: {tail(stderr, 3)[:300]}")
+        stdout = (local_out / "stdout.tsv").read_text(errors="replace")
+        clock = dict(l.split("=", 1) for l in (local_out / "clock").read_text().splitlines() if "=" in l)
+        trace = sampler_csv.parse((local_out / "telemetry.csv").read_text(errors="replace")
+                                  if (local_out / "telemetry.csv").exists() else "")
+        cell_window = None
+        try:
+            cell_window = (float(clock["start_s"]), float(clock["end_s"]))
+        except (KeyError, ValueError):
+            pass
+        return stdout, stderr, trace, cell_window
 
     def _kill_stale(self, t: Transport, prev_remote_out: str) -> None:
         """A previous attempt was cut off (host killed): stop what it left running on the device."""
         pids = t.read_text(posixpath.join(prev_remote_out, "pids")) or ""
         for kv in pids.split():
-            _, _, pid = kv.partition("=")
-            if pid.isdigit():
-                t.run(["kill", pid])
+            for pid in kv.partition("=")[2].split(","):
+                if pid.isdigit():
+                    t.run(["kill", pid])

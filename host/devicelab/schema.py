@@ -33,11 +33,17 @@ METRICS: dict[str, str] = {
     # once-per-cell snapshots (dumpsys, ioreg, pmset), phase = snapshot_start / snapshot_end
     "battery_level": "1", "battery_voltage": "V", "battery_current": "A", "battery_power": "W",
     "battery_temp": "degC", "charge_counter": "C", "thermal_status": "1", "cpu_speed_limit": "1",
+    # roofline payload (device_payloads/membw.c) and parallel streams (llama-batched-bench)
+    "mem_bandwidth": "B/s", "peak_flops": "FLOP/s", "aggregate_tps": "tok/s", "aggregate_decode_tps": "tok/s",
+    # host/device logit check (same file on the device and on the host)
+    "devhost_kld_mean": "nat", "devhost_same_top_p": "1",
+    # task evals
+    "accuracy": "1",
 }
 
 ROW_COLUMNS = [
     "run_id", "cell_id", "recipe", "device", "target", "model", "quant", "payload", "test",
-    "threads", "n_prompt", "n_gen", "n_depth", "ctx", "phase",
+    "threads", "n_prompt", "n_gen", "n_depth", "ctx", "phase", "cpu_mask", "cpu_quota", "contention", "n_parallel",
     "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
     "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
     "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes",
@@ -60,6 +66,7 @@ class Row:
     n_gen: int | None = None
     n_depth: int | None = None
     ctx: int | None = None
+    n_parallel: int | None = None
     context: dict[str, Any] = field(default_factory=dict)   # cell-level columns filled by the executor
 
     def __post_init__(self):

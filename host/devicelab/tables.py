@@ -6,6 +6,7 @@ import pandas as pd
 
 
 def wide(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows[rows["model_bytes"].notna()]
     if rows.empty:
         return pd.DataFrame()
     keys = ["device", "model", "quant"]
