@@ -258,6 +258,26 @@ def recommend(lab_dir, recipe_file, from_file, context, max_kld, max_ppl_ratio, 
 
 @main.command()
 @click.option("--lab-dir", default=None)
+@click.option("--recipe", "recipe_file", type=click.Path(path_type=Path), default=None)
+@click.option("--from", "from_file", default=None)
+@click.option("-o", "--out", default="report.html", type=click.Path(path_type=Path))
+def report(lab_dir, recipe_file, from_file, out):
+    """Write a self-contained HTML report (plots embedded) with the recommendation."""
+    from . import recipes
+    from .recipes import RecommendSpec
+    from .report import build
+    spec, name = RecommendSpec(), None
+    if recipe_file:
+        r, _ = recipes.load(recipe_file)
+        spec, name = r.recommend, r.name
+    rows = _load_rows(lab_dir, name, from_file)
+    arts = None if from_file else _lab_dir(lab_dir) / "artifacts"
+    p = build(rows, spec, out, arts, title=f"devicelab report{': ' + name if name else ''}")
+    console.print(f"wrote {p}")
+
+
+@main.command()
+@click.option("--lab-dir", default=None)
 @click.option("--recipe", default=None)
 @click.option("--from", "from_file", default=None)
 def roofline(lab_dir, recipe, from_file):
@@ -394,7 +414,13 @@ def _print_recs(rows, spec, as_json=False):
                       f"device, energy ≤ {spec.max_energy_per_token or '—'} J/tok; prefer {spec.prefer}[/]")
         for c in r.candidates:
             mark = "→" if c is r.pick else ("✓" if c.passes else "✗")
-            console.print(f"  {mark} {c.model} {c.quant:7s} {c.verdict}", markup=False)
+            front = "◆" if c.on_frontier else " "
+            acc = f" acc {c.accuracy:.1%}" if c.accuracy is not None else ""
+            console.print(f"  {mark}{front} {c.model} {c.quant:7s} {c.bpw:5.2f} b/w{acc}  {c.verdict}", markup=False)
+        console.print(f"  ◆ = Pareto frontier of quality ({r.quality_axis}) × size × decode speed × energy", markup=False)
+        for m, k in r.knees.items():
+            console.print(f"  bits-per-weight knee for {m}: {k['bpw']:.2f} bpw (mean KLD ×{k['jump']:.1f} from "
+                          f"{k['from']} to {k['to']})", markup=False)
     if not recs:
         console.print("no results to recommend from")
 

@@ -50,6 +50,11 @@ class Ledger:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(SCHEMA)
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(rows)")}
+            for c in ROW_COLUMNS:          # a ledger from an older devicelab gains the new columns, keeps its rows
+                if c not in have:
+                    self.db.execute(f"ALTER TABLE rows ADD COLUMN {c} "
+                                    f"{'REAL' if c in ('value', 'stddev', 'bpw', 'temp_start_c', 'temp_end_c') else 'TEXT'}")
         except sqlite3.DatabaseError as e:
             raise DevicelabError(f"{self.path} is not a devicelab ledger ({e}); point --lab-dir at another folder") from e
         self.db.row_factory = sqlite3.Row

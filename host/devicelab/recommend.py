@@ -32,8 +32,11 @@ class Candidate:
     kld_mean: float | None
     ppl_ratio: float | None
     energy_per_token: float | None
+    accuracy: float | None = None
+    devhost_kld: float | None = None
     failures: list[str] = field(default_factory=list)
     verdict: str = ""
+    on_frontier: bool = False
 
     @property
     def passes(self) -> bool:
@@ -46,10 +49,18 @@ class DeviceRecommendation:
     pick: Candidate | None
     candidates: list[Candidate]
     spec: dict
+    quality_axis: str = "kld_mean"
+    knees: dict = field(default_factory=dict)       # model -> {"bpw": …, "from": quant, "to": quant, "jump": ×}
+
+    @property
+    def frontier(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.on_frontier]
 
     def to_json(self) -> dict:
         return {"device": self.device, "pick": asdict(self.pick) if self.pick else None,
-                "candidates": [asdict(c) for c in self.candidates], "constraints": self.spec}
+                "candidates": [asdict(c) for c in self.candidates], "constraints": self.spec,
+                "quality_axis": self.quality_axis,
+                "frontier": [f"{c.model} {c.quant}" for c in self.frontier], "bpw_knee": self.knees}
 
 
 def _num(x):
@@ -99,9 +110,11 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
         kld, _ = _metric(g, "kld_mean")
         ppl, _ = _metric(g, "ppl_ratio")
         ept, _ = _metric(g[g["phase"] == "decode"], "energy_per_token", how="min")
+        acc, _ = _metric(g, "accuracy")
+        dh, _ = _metric(g, "devhost_kld_mean")
         c = Candidate(device, model, quant, mbytes, float(first["bpw"]), kv, overhead, overhead is not None,
                       None, budget, dec, int(drow["threads"]) if drow is not None and pd.notna(drow["threads"]) else None,
-                      pre, kld, ppl, ept)
+                      pre, kld, ppl, ept, acc, dh)
         ov = overhead if overhead is not None else DEFAULT_OVERHEAD
         c.ram_need = mbytes + (kv or 0) + ov
         mb = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
@@ -120,6 +133,14 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
             c.failures.append("no decode speed measured")
         elif dec < spec.min_decode_tps:
             c.failures.append(f"decode {dec:.1f} tok/s < {spec.min_decode_tps}")
+        if dh is not None and dh > spec.max_devhost_kld:
+            c.failures.append(f"the device's logits differ from the host's for this very file (KLD {dh:.4f} > "
+                              f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device")
+        if spec.min_accuracy is not None:
+            if acc is None:
+                c.failures.append("no task accuracy measured")
+            elif acc < spec.min_accuracy:
+                c.failures.append(f"accuracy {acc:.1%} < {spec.min_accuracy:.1%}")
         if spec.max_energy_per_token is not None:
             if ept is None:
                 c.failures.append("energy per token not measurable on this device (no power source)")
@@ -131,12 +152,36 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
     return out
 
 
-def _rank_key(prefer: str):
+def _rank_key(prefer: str, axis: str = "kld_mean"):
     if prefer == "fastest":
         return lambda c: (-(c.decode_tps or 0), c.model_bytes)
+    if prefer == "best_quality" and axis == "accuracy":
+        return lambda c: (-(c.accuracy or 0), c.kld_mean if c.kld_mean is not None else math.inf, c.model_bytes)
     if prefer == "best_quality":
         return lambda c: (c.kld_mean if c.kld_mean is not None else math.inf, c.model_bytes)
     return lambda c: (c.model_bytes, c.kld_mean if c.kld_mean is not None else math.inf)
+
+
+def _objectives(c: Candidate, axis: str) -> tuple:
+    """Smaller is better on every objective (missing energy is neutral)."""
+    q = -(c.accuracy or 0.0) if axis == "accuracy" else (c.kld_mean if c.kld_mean is not None else math.inf)
+    e = c.energy_per_token if c.energy_per_token is not None else 0.0
+    return (q, c.model_bytes, -(c.decode_tps or 0.0), e)
+
+
+def dominates(a: Candidate, b: Candidate, axis: str) -> bool:
+    oa, ob = _objectives(a, axis), _objectives(b, axis)
+    return all(x <= y for x, y in zip(oa, ob)) and any(x < y for x, y in zip(oa, ob))
+
+
+def knee(cs: list[Candidate]) -> dict | None:
+    """The bits-per-weight step where mean KLD jumps the most (going down the ladder)."""
+    k = sorted((c for c in cs if c.kld_mean and c.kld_mean > 0), key=lambda c: -c.bpw)
+    if len(k) < 3:
+        return None
+    jumps = [(b.kld_mean / a.kld_mean, a, b) for a, b in zip(k, k[1:])]
+    j, a, b = max(jumps, key=lambda x: x[0])
+    return {"bpw": round(b.bpw, 3), "from": a.quant, "to": b.quant, "jump": round(j, 2)}
 
 
 def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendation]:
@@ -144,18 +189,39 @@ def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendat
     cands = candidates(rows, spec)
     for device in dict.fromkeys(c.device for c in cands):
         cs = [c for c in cands if c.device == device]
-        ok = sorted((c for c in cs if c.passes), key=_rank_key(spec.prefer))
+        # across models KLD is not comparable (each is relative to its own base): use task accuracy when
+        # every candidate has it, else KLD (and say which)
+        models = {c.model for c in cs}
+        axis = "accuracy" if all(c.accuracy is not None for c in cs) and len(models) > 1 else "kld_mean"
+        for c in cs:
+            pool = cs if axis == "accuracy" else [x for x in cs if x.model == c.model]
+            c.on_frontier = not any(dominates(o, c, axis) for o in pool if o is not c)
+        # the pick comes from the passing candidates that no other passing candidate dominates
+        ok = [c for c in cs if c.passes]
+        ok = [c for c in ok if not any(dominates(o, c, axis) for o in ok if o is not c
+                                       and (axis == "accuracy" or o.model == c.model))]
+        ok = sorted(ok, key=_rank_key(spec.prefer, axis))
         pick = ok[0] if ok else None
         for c in cs:
             if c is pick:
                 c.verdict = (f"picked: {spec.prefer} of {len(ok)} passing" + (f"; {c.verdict}" if c.verdict else ""))
+            elif c.passes and not any(c is o for o in ok):
+                dom = next(o for o in cs if o.passes and dominates(o, c, axis)
+                           and (axis == "accuracy" or o.model == c.model))
+                c.verdict = f"passes, but {dom.model} {dom.quant} is better on every axis"
             elif c.passes:
                 why = {"smallest": f"passes, but larger ({c.model_bytes / 1024**2:.0f} MiB vs "
                                    f"{pick.model_bytes / 1024**2:.0f} MiB)",
                        "fastest": f"passes, but slower ({c.decode_tps:.1f} vs {pick.decode_tps:.1f} tok/s)",
-                       "best_quality": f"passes, but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})"}[spec.prefer]
+                       "best_quality": ((f"passes, but less accurate ({c.accuracy:.1%} vs {pick.accuracy:.1%})"
+                                         if c.accuracy != pick.accuracy else
+                                         f"passes, same accuracy but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})")
+                                        if axis == "accuracy" else
+                                        f"passes, but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})")}[spec.prefer]
                 c.verdict = why
             else:
                 c.verdict = "; ".join(c.failures)
-        recs.append(DeviceRecommendation(device, pick, sorted(cs, key=lambda c: -c.bpw), spec.model_dump()))
+        knees = {m: knee([c for c in cs if c.model == m]) for m in models}
+        recs.append(DeviceRecommendation(device, pick, sorted(cs, key=lambda c: (c.model, -c.bpw)), spec.model_dump(),
+                                         axis, {m: k for m, k in knees.items() if k}))
     return recs

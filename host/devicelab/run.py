@@ -79,11 +79,13 @@ class Events:
     def cell_done(self, cell: Cell, ok: bool, note: str = "") -> None: ...
 
 
-def resolve_text(spec: str, src: sourcemod.Source) -> Path:
+def resolve_text(spec: str, src: sourcemod.Source, base: Path | None = None) -> Path:
     if spec.startswith("llama.cpp:"):
         p = src.path / spec[len("llama.cpp:"):]
     else:
         p = Path(spec).expanduser()
+        if not p.is_absolute() and base is not None and (base / p).exists():
+            p = base / p            # relative paths in a recipe are relative to the recipe file
     if not p.exists():
         raise DevicelabError(f"perplexity text {spec} not found; give a text file path or 'llama.cpp:RELATIVE/PATH'")
     return p
@@ -113,6 +115,7 @@ class Executor:
     def __init__(self, recipe_path: Path, lab_path: Path | None, lab_dir: Path, events: Events | None = None,
                  source_override: str | None = None, jobs: int | None = None):
         self.recipe, self.recipe_sha = recipes.load(recipe_path)
+        self.recipe_dir = Path(recipe_path).resolve().parent
         self.lab = labmod.load(lab_path)
         for d in self.recipe.devices:
             self.lab.device(d)      # unknown device: fail before anything runs
@@ -142,7 +145,7 @@ class Executor:
     def kld_base(self, model: str, spec: dict) -> tuple[Path, float | None]:
         """Base logits, made once on the host per (base file, text, ctx, chunks)."""
         base = self.ladder(model).base()
-        text = resolve_text(spec["text"], self.src)
+        text = resolve_text(spec["text"], self.src, self.recipe_dir)
         key = hashlib.sha256(json.dumps([base.sha256, sha256_file(text), spec["ctx"], spec["chunks"]]).encode()).hexdigest()[:16]
         d = paths.sub("kld")
         out = d / f"{model}-{key}.kld"
@@ -166,7 +169,7 @@ class Executor:
         """The same quant file's logits made on the host: the reference a device's run of that file is
         checked against (a backend bug or a silent fallback on the device shows up as KLD > 0)."""
         qf = self.ladder(model).quant(quant)
-        text = resolve_text(spec["text"], self.src)
+        text = resolve_text(spec["text"], self.src, self.recipe_dir)
         key = hashlib.sha256(json.dumps([qf.sha256, sha256_file(text), spec["ctx"], spec["chunks"]]).encode()).hexdigest()[:16]
         out = paths.sub("kld") / f"{model}-{quant}-host-{key}.kld"
         if out.exists():
@@ -347,7 +350,7 @@ class Executor:
         elif c.payload == "eval":
             from .payloads import evals
             tool = self._tool(t, build, "llama-perplexity")
-            data = evals.resolve_data(P["data"])
+            data = resolve_text(P["data"], self.src, self.recipe_dir)
             rd = push.ensure(t, data, sha256_file(data), data.name)
             runs.append(("main", evals.device_mc_argv(tool, remote_model, rd, P, P.get("threads") or ncpu)))
         return runs, env, qf
@@ -405,7 +408,8 @@ class Executor:
                 if w:
                     phases.append(normalize.Phase(bt.name, bt.kind, w[0], w[1], bt.tokens * len(bt.record.get("samples_ns") or [])))
         elif c.payload == "kld":
-            kp = pplp.KLDParams(ctx=c.params["ctx"], chunks=c.params["chunks"])
+            kp = pplp.KLDParams(ctx=c.params["ctx"], chunks=c.params["chunks"],
+                                threads=c.params.get("threads") or facts.get("cpu_count") or 1)
             rows += pplp.parse_kld(stdout + "\n" + stderr, kp)
             if "check" in results:
                 chk = {r.metric: r for r in pplp.parse_kld(results["check"][0] + "\n" + results["check"][1], kp)}
@@ -420,7 +424,8 @@ class Executor:
             rows += parse_batched(stdout)
         elif c.payload == "eval":
             from .payloads import evals
-            rows += evals.parse_device_mc(stdout + "\n" + stderr, c.params)
+            plain = "\n".join(l.split("\t", 1)[1] if "\t" in l else l for l in stdout.splitlines())
+            rows += evals.parse_device_mc(plain + "\n" + stderr, c.params)
         summ = normalize.summarize(trace, phases, cell_window)
         rows += summ.rows + snap_rows
         ts0 = snap_start.get("dumpsys-thermalservice", {}).get("thermal_status")

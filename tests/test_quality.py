@@ -1,0 +1,124 @@
+"""Two real models (SmolLM2-135M, Gemma 3 270M), their ladders, the on-device eval route, the device/host
+logit check, the cross-model frontier and recommendation, and the HTML report in a real headless browser."""
+
+import json
+import shutil
+import subprocess
+
+import pandas as pd
+import pytest
+
+from devicelab import paths
+from devicelab.recommend import Candidate, dominates
+
+from conftest import REPO, devicelab
+
+pytestmark = pytest.mark.e2e
+RECIPE = REPO / "recipes" / "two-models.yaml"
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, host_build, smol_path):
+    d = tmp_path_factory.mktemp("two")
+    p = devicelab("run", RECIPE, "--lab-dir", d, timeout=3600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return d, p
+
+
+def rows(d):
+    from devicelab.ledger import Ledger
+    return Ledger(d / "ledger.sqlite").rows_frame()
+
+
+def test_two_model_frontier_and_recommendation(lab):
+    d, first = lab
+    r = rows(d)
+    assert set(r.model) >= {"smollm2-135m", "gemma3-270m"}
+    acc = r[r.metric == "accuracy"]
+    assert len(acc) == 8 and acc.value.between(0, 1).all()
+    assert acc.value.max() > 0.5, "our easy items are far above the 25% chance level for some quant"
+    rec = json.loads(devicelab("recommend", "--lab-dir", d, "--recipe", RECIPE, "--json", check=True).stdout)[0]
+    assert rec["quality_axis"] == "accuracy"          # KLD is not comparable across models
+    assert rec["frontier"] and rec["pick"]
+    cands = [Candidate(**{k: v for k, v in c.items() if k in Candidate.__dataclass_fields__}) for c in rec["candidates"]]
+    pick = next(c for c in cands if (c.model, c.quant) == (rec["pick"]["model"], rec["pick"]["quant"]))
+    passing = [c for c in cands if not c.failures]
+    assert not any(dominates(o, pick, "accuracy") for o in passing if o is not pick)
+    for c in cands:
+        if c.quant == "q2_k" and any(dominates(o, c, "accuracy") for o in passing):
+            assert c is not pick and "better on every axis" in c.verdict or c.failures
+    assert all("verdict" in c and c["verdict"] for c in rec["candidates"])
+    assert set(rec["bpw_knee"]) <= {"smollm2-135m", "gemma3-270m"}
+
+
+def test_recommendation_reproducible_from_export(lab, tmp_path):
+    d, _ = lab
+    out = tmp_path / "r.parquet"
+    devicelab("results", "--lab-dir", d, "--export", out, check=True)
+    a = json.loads(devicelab("recommend", "--lab-dir", d, "--recipe", RECIPE, "--json", check=True).stdout)
+    b = json.loads(devicelab("recommend", "--from", out, "--recipe", RECIPE, "--json", check=True).stdout)
+    assert a == b
+
+
+def test_device_host_check_passes_on_the_local_target(lab):
+    r = rows(lab[0])
+    dh = r[r.metric == "devhost_kld_mean"]
+    assert len(dh) == 8 and (dh.value < 1e-3).all()
+    assert (r[r.metric == "devhost_same_top_p"].value > 0.99).all()
+
+
+SWAP = """
+name: swap
+devices: [local]
+models: [{name: smollm2-135m}]
+quants: [q8_0, q2_k]
+payloads:
+  - {kind: kld, ctx: 128, chunks: 3, host_check: true}
+recommend: {context: 1024, max_kld_mean: 0.9, max_ppl_ratio: 3, min_decode_tps: 0}
+"""
+
+
+def test_device_host_check_fails_when_a_different_file_is_swapped_in(tmp_path, host_build, smol_path):
+    recipe = tmp_path / "swap.yaml"
+    recipe.write_text(SWAP)
+    devicelab("run", recipe, "--lab-dir", tmp_path / "a", check=True)
+    kld = paths.sub("kld")
+    q8 = sorted(kld.glob("smollm2-135m-q8_0-host-*.kld"), key=lambda p: p.stat().st_mtime)[-1]
+    q2 = sorted(kld.glob("smollm2-135m-q2_k-host-*.kld"), key=lambda p: p.stat().st_mtime)[-1]
+    saved = tmp_path / "q8.kld.orig"
+    shutil.copyfile(q8, saved)
+    try:
+        shutil.copyfile(q2, q8)        # the host's reference for q8_0 is now another file's logits
+        devicelab("run", recipe, "--lab-dir", tmp_path / "b", check=True)
+    finally:
+        shutil.copyfile(saved, q8)
+    from devicelab.ledger import Ledger
+    r = Ledger(tmp_path / "b" / "ledger.sqlite").rows_frame()
+    dh = r[r.metric == "devhost_kld_mean"].set_index("quant").value
+    assert dh["q8_0"] > 0.05 and dh["q2_k"] < 1e-3
+    rec = json.loads(devicelab("recommend", "--lab-dir", tmp_path / "b", "--recipe", recipe, "--json",
+                               check=True).stdout)[0]
+    q8c = next(c for c in rec["candidates"] if c["quant"] == "q8_0")
+    assert any("differ from the host's" in f for f in q8c["failures"])
+
+
+@pytest.mark.skipif(not shutil.which("chromium"), reason="needs Debian's chromium for the headless check")
+def test_report_renders_in_a_real_browser(lab, tmp_path):
+    d, _ = lab
+    out = tmp_path / "report.html"
+    devicelab("report", "--lab-dir", d, "--recipe", RECIPE, "-o", out, check=True)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'chrome'}"]
+    dom = subprocess.run(["chromium", *flags, "--dump-dom", out.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    assert "class=\"pick\"" in dom and "local: ship" in dom
+    assert dom.count("<img") >= 3 and "Roofline" in dom and "findings" in dom
+    png = tmp_path / "shot.png"
+    subprocess.run(["chromium", *flags, "--window-size=1300,1800", f"--screenshot={png}", out.as_uri()],
+                   capture_output=True, timeout=120)
+    from PIL import Image
+    im = Image.open(png).convert("RGB")
+    assert im.size == (1300, 1800)
+    colours = len(set(im.resize((260, 360)).getdata()))
+    assert colours > 50, "the page rendered plots and tables, not a blank page"
