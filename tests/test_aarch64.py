@@ -69,3 +69,15 @@ def test_lab_run_on_an_emulated_aarch64_board(tmp_path, arm_build, host_build, s
     assert (rows[rows.metric == "decode_tps"].value > 0).all()
     assert rows[rows.metric == "kld_mean"].value.notna().all()
     assert "qemu-board: ship smollm2-135m" in p.stdout
+
+
+def test_bandwidth_payload_builds_and_runs_for_aarch64(arm_build):
+    from devicelab.build import payloads
+    exe = payloads.ensure_membw(arm_build)
+    machine, dynamic = elf_info(exe)
+    assert machine == 183 and not dynamic
+    p = subprocess.run(["qemu-aarch64-static", str(exe), "-m", "64", "-r", "2", "-t", "2"], capture_output=True,
+                       text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert r["read_bytes_per_s"] > 1e7 and r["fma_flops_per_s"] > 1e6 and r["threads"] == 2

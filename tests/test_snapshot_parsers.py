@@ -79,3 +79,10 @@ def test_snapshots_and_charging_hygiene_always_reset(tmp_path, monkeypatch):
     by = {r.metric: r for r in rows}
     assert by["battery_voltage"].value == pytest.approx(4.102) and by["battery_voltage"].unit == "V"
     assert (tmp_path / "art" / "dumpsys-battery.start.txt").exists()
+
+
+def test_dumpsys_power_screen_state():
+    assert parsers.dumpsys_power("  mWakefulness=Awake\n")["screen_on"] == 1.0
+    assert parsers.dumpsys_power("  mWakefulness=Asleep\n")["screen_on"] == 0.0
+    assert parsers.dumpsys_power("Display Power: state=OFF\n")["screen_on"] == 0.0
+    assert parsers.dumpsys_power("nothing here")["screen_on"] is None

@@ -245,3 +245,17 @@ def test_native_build_over_ssh_mechanics(sshd, tmp_path, monkeypatch):
     t0 = time.time()
     again = remote.ensure(t, src, tgt)
     assert again.manifest == b.manifest and time.time() - t0 < 2, "unchanged build is a no-op"
+
+
+def test_ssh_config_alias_and_proxyjump(sshd, tmp_path):
+    """A Host alias from an ssh_config file (HostName, Port, User, IdentityFile) reached through a
+    ProxyJump hop (here the same sshd: the hop's direct-tcpip channel is real)."""
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host myboard\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User root\n"
+                   f"  IdentityFile {sshd.client_key}\n  ProxyJump root@127.0.0.1:{sshd.port}\n")
+    t = SSHTransport("board", "myboard", ssh_config=str(cfg), known_hosts=str(sshd.known_hosts),
+                     workdir=str(sshd.d / "wd"))
+    assert (t.host, t.port, t.user, t.proxy_jump) == ("127.0.0.1", sshd.port, "root", f"root@127.0.0.1:{sshd.port}")
+    assert t.run(["echo", "via jump"]).stdout == "via jump\n"
+    assert t._jump is not None
+    t.close()

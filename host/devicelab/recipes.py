@@ -99,6 +99,7 @@ class RecommendSpec(_Strict):
     min_decode_tps: float = Field(default=0.0, ge=0)
     max_energy_per_token: float | None = Field(default=None, gt=0)
     ram_fraction: float = Field(default=0.75, gt=0, le=1)
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"   # KV sizing at `context` (llama.cpp -ctk/-ctv)
     max_devhost_kld: float = Field(default=0.01, gt=0)   # device vs host logits for the same file
     min_accuracy: float | None = Field(default=None, ge=0, le=1)
     prefer: Literal["smallest", "fastest", "best_quality"] = "smallest"

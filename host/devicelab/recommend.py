@@ -93,7 +93,9 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
         first = g.iloc[0]
         mbytes = int(first["model_bytes"])
         kvpt = _num(first["kv_bytes_per_token"])
-        kv = int(kvpt * spec.context) if kvpt else None
+        # kv_bytes_per_token is for F16 (2 bytes per element); quantized KV scales by ggml's block sizes
+        kv_scale = {"f16": 1.0, "q8_0": (34 / 32) / 2, "q4_0": (18 / 32) / 2}[spec.kv_cache_type]
+        kv = int(kvpt * spec.context * kv_scale) if kvpt else None
         # runtime overhead from the bench cells: peak RSS − weights − KV at the bench's own context
         overheads = []
         for _, cg in g[g["payload"] == "bench"].groupby("cell_id"):
@@ -121,7 +123,7 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
         if budget is None:
             c.failures.append("device RAM unknown: set ram_budget_bytes in the lab file")
         elif c.ram_need > budget:
-            c.failures.append(f"needs {mb(c.ram_need)} (weights {mb(mbytes)} + KV@{spec.context} {mb(kv or 0)} + "
+            c.failures.append(f"needs {mb(c.ram_need)} (weights {mb(mbytes)} + {spec.kv_cache_type} KV@{spec.context} {mb(kv or 0)} + "
                               f"runtime {mb(ov)}) > budget {mb(budget)}")
         if kld is None:
             c.failures.append("no KLD measured")

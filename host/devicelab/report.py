@@ -173,6 +173,20 @@ def build(rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | 
         parts.append(_table(cand, list(cand.columns), {"bits/w": "{:.2f}".format, "MiB": "{:.0f}".format,
                                                        "decode t/s": "{:.1f}".format, "mean KLD": "{:.4f}".format,
                                                        "accuracy": "{:.1%}".format, "RAM need MiB": "{:.0f}".format}))
+        kvrows = []
+        for m in dict.fromkeys(c.model for c in r.candidates):
+            g = rows[(rows.model == m) & rows.kv_bytes_per_token.notna()]
+            if g.empty:
+                continue
+            per = float(g.kv_bytes_per_token.iloc[0])
+            for ctx_len in sorted({2048, 8192, 32768, int(r.spec["context"])}):
+                kvrows.append({"model": m, "context": ctx_len, "F16 KV MiB": per * ctx_len / 1024**2,
+                               "q8_0 KV MiB": per * ctx_len * (34 / 32) / 2 / 1024**2,
+                               "q4_0 KV MiB": per * ctx_len * (18 / 32) / 2 / 1024**2})
+        if kvrows:
+            kv = pd.DataFrame(kvrows)
+            parts.append("<p>KV cache by context (grows linearly; -ctk/-ctv quantize it):</p>")
+            parts.append(_table(kv, list(kv.columns), {c: "{:.0f}".format for c in kv.columns if "MiB" in c}))
         knees = "; ".join(f"{m}: {k['bpw']:.2f} bpw ({k['from']}→{k['to']}, KLD ×{k['jump']:.1f})" for m, k in r.knees.items())
         parts.append(f"<p>Quality axis: {html.escape(r.quality_axis)}. Bits-per-weight knee: {html.escape(knees or '—')}."
                      f" Constraints: {html.escape(json.dumps(r.spec))}</p>")

@@ -386,6 +386,10 @@ class Executor:
             with snapshots.ChargingHygiene(t, tools):
                 local_base.mkdir(parents=True, exist_ok=True)
                 snap_rows, snap_start = snapshots.take(t, tools, "start", local_base)
+                if snap_start.get("dumpsys-power", {}).get("screen_on") and not getattr(self, "_screen_warned", False):
+                    self._screen_warned = True
+                    self.ev.stage(f"warning: {dev.name}'s screen is on: turn it off for measurements (the display "
+                                  "draws power and heats the phone); its state is recorded with every cell")
                 for name, argv in runs:
                     remote_out = base_remote if name == "main" else posixpath.join(base_remote, name)
                     local_out = local_base if name == "main" else local_base / name
@@ -406,7 +410,11 @@ class Executor:
             for bt in tests:
                 w = bt.window()
                 if w:
-                    phases.append(normalize.Phase(bt.name, bt.kind, w[0], w[1], bt.tokens * len(bt.record.get("samples_ns") or [])))
+                    n = len(bt.record.get("samples_ns") or [])
+                    phases.append(normalize.Phase(bt.name, bt.kind, w[0], w[1], bt.tokens * n, n))
+            if phases and cell_window and min(p.start for p in phases) > cell_window[0]:
+                # from the payload's start to its first timed test: model load (+ warmup)
+                phases.insert(0, normalize.Phase("load", "load", cell_window[0], min(p.start for p in phases)))
         elif c.payload == "kld":
             kp = pplp.KLDParams(ctx=c.params["ctx"], chunks=c.params["chunks"],
                                 threads=c.params.get("threads") or facts.get("cpu_count") or 1)

@@ -33,6 +33,7 @@ METRICS: dict[str, str] = {
     # once-per-cell snapshots (dumpsys, ioreg, pmset), phase = snapshot_start / snapshot_end
     "battery_level": "1", "battery_voltage": "V", "battery_current": "A", "battery_power": "W",
     "battery_temp": "degC", "charge_counter": "C", "thermal_status": "1", "cpu_speed_limit": "1",
+    "screen_on": "1",
     # roofline payload (device_payloads/membw.c) and parallel streams (llama-batched-bench)
     "mem_bandwidth": "B/s", "peak_flops": "FLOP/s", "aggregate_tps": "tok/s", "aggregate_decode_tps": "tok/s",
     # host/device logit check (same file on the device and on the host)

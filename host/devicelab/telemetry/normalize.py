@@ -25,6 +25,7 @@ class Phase:
     start: float         # device clock, s
     end: float
     tokens: int = 0
+    reps: int = 0        # timed repetitions inside the window (pg tests: one prompt each)
 
 
 @dataclass
@@ -240,4 +241,6 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
         rows.append(Row(metric="power_mean", value=e / dur, **kw))
         if ph.tokens:
             rows.append(Row(metric="energy_per_token", value=e / ph.tokens, **kw))
+        if ph.kind == "pg" and ph.reps:
+            rows.append(Row(metric="wh_per_prompt", value=e / ph.reps / 3600, **kw))   # the seeds' energy per instruction
     return Summary(rows, t_start, t_end, throttled, calib)

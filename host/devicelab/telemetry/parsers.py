@@ -100,3 +100,15 @@ def pmset_therm(text: str) -> dict:
     return {"cpu_speed_limit": int(limit) / 100 if limit and limit.isdigit() else None,
             "cpu_available": int(kv["CPU_Available_CPUs"]) if kv.get("CPU_Available_CPUs", "").isdigit() else None,
             "thermal_warning_level": int(warn.group(1)) if warn else (0 if "No thermal warning" in text else None)}
+
+
+def dumpsys_power(text: str) -> dict:
+    """Android PowerManagerService dump: is the screen on? (mWakefulness=Awake / Display Power: state=ON)."""
+    m = re.search(r"mWakefulness=(\w+)", text)
+    d = re.search(r"Display Power: state=(\w+)", text)
+    on = None
+    if m:
+        on = m.group(1) == "Awake"
+    elif d:
+        on = d.group(1) == "ON"
+    return {"screen_on": float(on) if on is not None else None}

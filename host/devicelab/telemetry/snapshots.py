@@ -15,12 +15,13 @@ SOURCES = [
     # name, argv, parser, which facts key says it exists
     ("dumpsys-battery", ["dumpsys", "battery"], parsers.dumpsys_battery, "dumpsys"),
     ("dumpsys-thermalservice", ["dumpsys", "thermalservice"], parsers.dumpsys_thermalservice, "dumpsys"),
+    ("dumpsys-power", ["dumpsys", "power"], parsers.dumpsys_power, "dumpsys"),
     ("ioreg-battery", ["ioreg", "-rn", "AppleSmartBattery"], parsers.ioreg_battery, "ioreg"),
     ("pmset-batt", ["pmset", "-g", "batt"], parsers.pmset_batt, "pmset"),
     ("pmset-therm", ["pmset", "-g", "therm"], parsers.pmset_therm, "pmset"),
 ]
 ROW_KEYS = {"battery_level", "battery_voltage", "battery_current", "battery_power", "battery_temp",
-            "thermal_status", "cpu_speed_limit"}
+            "thermal_status", "cpu_speed_limit", "screen_on"}
 
 
 def available(t: Transport) -> set[str]:

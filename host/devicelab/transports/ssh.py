@@ -93,6 +93,7 @@ class SSHTransport(Transport):
             juser, _, jhp = jhost.rpartition("@")
             jh, _, jp = jhp.partition(":")
             jt = SSHTransport(f"{self.name} (jump {jhost})", jh, int(jp) if jp else None, juser or None,
+                              key_file=self.key_files[0] if self.key_files else None,
                               known_hosts=self.known_hosts, ssh_config=self.ssh_config)
             jt.connect()
             self._jump = jt.client
