@@ -141,9 +141,6 @@ class Ledger:
         return [dict(r) for r in self.db.execute(q, (recipe,) if recipe else ())]
 
     # ---- rows ----
-    def insert_rows(self, cell_id: str, rows: list[Row]) -> None:
-        self.finish_cell(cell_id, rows)
-
     def rows_frame(self, recipe: str | None = None, done_only: bool = True):
         import pandas as pd
         q = "SELECT r.* FROM rows r JOIN cells c ON c.cell_id = r.cell_id"

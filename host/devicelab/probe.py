@@ -18,7 +18,6 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
         out = posixpath.join(t.workdir(), "probe.csv")
         t.run(["sh", f"{kit}/sampler.sh", "-o", out, "-n", "1", "-i", "10", "-R", dev.telemetry_root])
         tr = sampler_csv.parse(t.read_text(out) or "")
-        cols = list(tr.frame.columns)
         has = lambda rx: [c for c in tr.columns(rx)]  # noqa: E731
         res: dict[str, tuple[bool, str]] = {}
         bat = [d for d, m in tr.meta.items() if m.get("kind") == "power_supply" and m.get("type", "").lower() == "battery"]
@@ -41,7 +40,6 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
                             ("ioreg", "macOS ioreg AppleSmartBattery"), ("powermetrics", "macOS powermetrics")):
             ok = t.sh('command -v "$1" >/dev/null 2>&1', tool).rc == 0
             res[label] = (ok, "present" if ok else "not on this device")
-        del cols
         return res
     finally:
         t.close()

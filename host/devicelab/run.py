@@ -8,11 +8,9 @@ import json
 import os
 import platform
 import posixpath
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from . import facts as factsmod
 from . import kit as kitmod
@@ -25,7 +23,7 @@ from .errors import DevicelabError, RetryableError
 from .hashing import sha256_file
 from .ledger import DONE, SKIPPED, Ledger
 from .models import store
-from .models.ladder import Ladder, QuantFile
+from .models.ladder import Ladder
 from .payloads import bench as benchp
 from .payloads import perplexity as pplp
 from .plan import Cell, expand

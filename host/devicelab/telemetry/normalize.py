@@ -6,7 +6,6 @@ package consuming). Units as read are detected per source and the detection is r
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 
 import numpy as np

@@ -16,7 +16,7 @@ import adbutils
 from adbutils import AdbClient, AdbError, AdbTimeout
 
 from ..errors import DevicelabError, RetryableError
-from .base import CommandResult, Transport, quote_argv
+from .base import CommandResult, Transport, shell_command
 
 WORKDIR = "/data/local/tmp/devicelab"     # not shared storage: mmap from /sdcard is slow (FUSE)
 _EXIT = "DEVICELAB_EXIT:"
@@ -99,11 +99,7 @@ class ADBTransport(Transport):
     # ---------------------------------------------------------------- commands
     def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
             env: dict[str, str] | None = None) -> CommandResult:
-        cmd = quote_argv(argv)
-        if env:
-            cmd = quote_argv(["env", *[f"{k}={v}" for k, v in env.items()]]) + " " + cmd
-        if cwd:
-            cmd = f"cd {quote_argv([cwd])} && {cmd}"
+        cmd = shell_command(argv, cwd=cwd, env=env)
         d = self._d()
         try:
             if self.v2:

@@ -30,6 +30,16 @@ def quote_argv(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(str(a)) for a in argv)
 
 
+def shell_command(argv: Sequence[str], *, cwd: str | None = None, env: dict[str, str] | None = None) -> str:
+    """One remote shell command line from an argument list, optional environment and working folder."""
+    cmd = quote_argv(argv)
+    if env:
+        cmd = quote_argv(["env", *[f"{k}={v}" for k, v in env.items()]]) + " " + cmd
+    if cwd:
+        cmd = f"cd {quote_argv([cwd])} && {cmd}"
+    return cmd
+
+
 class Transport(ABC):
     """A device the lab can run commands on and move files to and from."""
 

@@ -22,7 +22,7 @@ from typing import Sequence
 import paramiko
 
 from ..errors import DevicelabError, RetryableError
-from .base import CommandResult, Transport, quote_argv
+from .base import CommandResult, Transport, quote_argv, shell_command
 
 CHUNK = 1 << 20
 OPENSSH_MIN_BYTES = 8 << 20    # larger pushes go through the system's OpenSSH client when it has one
@@ -148,11 +148,7 @@ class SSHTransport(Transport):
     # ---------------------------------------------------------------- commands
     def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
             env: dict[str, str] | None = None) -> CommandResult:
-        cmd = quote_argv(argv)
-        if env:
-            cmd = quote_argv(["env", *[f"{k}={v}" for k, v in env.items()]]) + " " + cmd
-        if cwd:
-            cmd = f"cd {quote_argv([cwd])} && {cmd}"
+        cmd = shell_command(argv, cwd=cwd, env=env)
         ch = self._session(timeout)
         out, err = bytearray(), bytearray()
         deadline = time.time() + timeout if timeout else None
