@@ -2,8 +2,10 @@
 logit check, the cross-model frontier and recommendation, and the HTML report in a real headless browser."""
 
 import json
+import os
 import shutil
 import subprocess
+import time
 
 import pandas as pd
 import pytest
@@ -73,18 +75,26 @@ devices: [local]
 models: [{name: smollm2-135m}]
 quants: [q8_0, q2_k]
 payloads:
-  - {kind: kld, ctx: 128, chunks: 3, host_check: true}
+  - {kind: kld, ctx: 128, chunks: 3, host_check: true, text: swap-text.txt}
 recommend: {context: 1024, max_kld_mean: 0.9, max_ppl_ratio: 3, min_decode_tps: 0}
 """
 
 
-def test_device_host_check_fails_when_a_different_file_is_swapped_in(tmp_path, host_build, smol_path):
+def test_device_host_check_fails_when_a_different_file_is_swapped_in(tmp_path, host_build, smol_path, source):
     recipe = tmp_path / "swap.yaml"
     recipe.write_text(SWAP)
-    devicelab("run", recipe, "--lab-dir", tmp_path / "a", check=True)
+    # A text of this test's own (a unique first line), so the host logits it swaps are made by this run and
+    # no other test's cached reference (same ctx/chunks/default text) can be picked up instead.
+    (tmp_path / "swap-text.txt").write_text(f"swap test {tmp_path.name} {os.getpid()} {time.time()}\n"
+                                            + (source.path / "docs" / "build.md").read_text())
     kld = paths.sub("kld")
-    q8 = sorted(kld.glob("smollm2-135m-q8_0-host-*.kld"), key=lambda p: p.stat().st_mtime)[-1]
-    q2 = sorted(kld.glob("smollm2-135m-q2_k-host-*.kld"), key=lambda p: p.stat().st_mtime)[-1]
+    before = set(kld.glob("smollm2-135m-*-host-*.kld"))
+    devicelab("run", recipe, "--lab-dir", tmp_path / "a", check=True)
+    made = set(kld.glob("smollm2-135m-*-host-*.kld")) - before
+    q8 = [p for p in made if "-q8_0-host-" in p.name]
+    q2 = [p for p in made if "-q2_k-host-" in p.name]
+    assert len(q8) == len(q2) == 1, made
+    q8, q2 = q8[0], q2[0]
     saved = tmp_path / "q8.kld.orig"
     shutil.copyfile(q8, saved)
     try:
