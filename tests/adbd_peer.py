@@ -227,6 +227,10 @@ class AdbdPeer:
     def kill(self):
         """Unplug: drop every connection, stop listening, kill what the 'device' was running."""
         if self.srv:
+            try:
+                self.srv.shutdown(socket.SHUT_RDWR)   # wakes the accept() thread: close alone keeps listening
+            except OSError:
+                pass
             self.srv.close()
             self.srv = None
         for c in self.conns:

@@ -42,3 +42,47 @@ def devicelab(*args, cwd=None, env=None, timeout=1800, check=False):
     if check and p.returncode != 0:
         raise AssertionError(f"devicelab {' '.join(map(str, args))} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
+
+
+def echo_server():
+    """A TCP echo server on 127.0.0.1 (the 'device' side of a port-forward test); returns (server, port)."""
+    import socketserver
+    import threading
+
+    class Echo(socketserver.BaseRequestHandler):
+        def handle(self):
+            while True:
+                data = self.request.recv(65536)
+                if not data:
+                    return
+                self.request.sendall(data)
+
+    socketserver.ThreadingTCPServer.allow_reuse_address = True
+    srv = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, srv.server_address[1]
+
+
+def check_forward(t, port: int) -> int:
+    """Bytes go both ways through t.forward(port), several connections at once; returns the local port."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> bytes:
+        with socket.create_connection(("127.0.0.1", lp), timeout=10) as s:
+            msg = f"ping {i} ".encode() * 5000          # larger than one read: the pumps loop
+            s.sendall(msg)             # no half-close: adb streams have none (CLSE ends both ways)
+            got = b""
+            while len(got) < len(msg):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+            assert got == msg, (i, len(got), len(msg))
+            return got
+
+    with t.forward(port) as lp:
+        with ThreadPoolExecutor(4) as ex:
+            assert len(list(ex.map(one, range(4)))) == 4
+    return lp

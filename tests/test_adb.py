@@ -20,7 +20,7 @@ from devicelab.errors import DevicelabError, RetryableError
 from devicelab.transports.adb import ADBTransport
 
 from adbd_peer import AdbdPeer, AdbServer, fake_dumpsys, free_port
-from conftest import FIXTURES, REPO, devicelab
+from conftest import FIXTURES, REPO, check_forward, devicelab, echo_server
 
 pytestmark = pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)")
 PROPS = {"ro.product.model": "Peer 7", "ro.product.manufacturer": "devicelab", "ro.product.name": "peer",
@@ -54,6 +54,21 @@ def test_shell_v2_exit_codes_stderr_and_getprop(adb, tmp_path):
     assert (r.rc, r.stdout, r.stderr) == (7, "out\n", "err\n")
     assert t.run(["getprop", "ro.product.model"]).stdout.strip() == "Peer 7"
     peer.kill()
+
+
+def test_port_forward_through_the_adb_server(adb, tmp_path):
+    """adb forward tcp:L tcp:R (the llama-server eval route): the real adb server opens the peer's tcp:
+    service, which connects to the port on the 'phone' (this machine's loopback); removed afterwards."""
+    srv, port = echo_server()
+    peer = make_peer(tmp_path, adb)
+    t = transport(adb, peer, tmp_path)
+    t.connect()
+    try:
+        lp = check_forward(t, port)
+        assert not [f for f in t._d().forward_list() if f.local == f"tcp:{lp}"]
+    finally:
+        srv.shutdown()
+        peer.kill()
 
 
 def test_hostile_arguments_and_paths(adb, tmp_path):

@@ -16,7 +16,7 @@ from devicelab import push
 from devicelab.errors import DevicelabError, RetryableError
 from devicelab.transports.ssh import SSHTransport
 
-from conftest import REPO, devicelab
+from conftest import REPO, check_forward, devicelab, echo_server
 from sshd_peer import SSHD, Sshd
 
 pytestmark = pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server")
@@ -34,6 +34,21 @@ def transport(s: Sshd, **kw) -> SSHTransport:
                 workdir=str(s.d / "wd"))
     args.update(kw)
     return SSHTransport("board", "127.0.0.1", **args)
+
+
+def test_port_forward_reaches_the_device_loopback(sshd):
+    """`ssh -L` over paramiko: the llama-server eval route reaches a port on the board's loopback."""
+    import socket
+    srv, port = echo_server()          # the board's service (the board is this machine's sshd)
+    t = transport(sshd)
+    t.connect()
+    try:
+        lp = check_forward(t, port)
+        with pytest.raises(OSError):   # the listener is gone once the context closes
+            socket.create_connection(("127.0.0.1", lp), timeout=2).close()
+    finally:
+        t.close()
+        srv.shutdown()
 
 
 def test_unknown_host_key_refused(sshd, tmp_path):

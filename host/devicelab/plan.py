@@ -50,7 +50,10 @@ def expand(recipe: Recipe, source_commit: str, model_sha: dict[str, str]) -> lis
                         base = p.model_dump(exclude={"threads", "kind", "cpu_masks", "quota", "contention"})
                     elif isinstance(p, MembwSpec):
                         continue                # a device property: once per device, below
-                    elif isinstance(p, (KLDSpec, BatchedSpec, EvalSpec)):
+                    elif isinstance(p, EvalSpec):
+                        variants = [{}]
+                        base = p.cell_params()
+                    elif isinstance(p, (KLDSpec, BatchedSpec)):
                         variants = [{}]
                         base = p.model_dump(exclude={"kind"})
                     else:  # pragma: no cover - the recipe schema admits only these

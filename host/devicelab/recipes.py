@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .build.source import DEFAULT_SOURCE
 from .models.ladder import DEFAULT_LADDER, check_quant
@@ -71,22 +71,54 @@ class BatchedSpec(_Strict):
 
 
 class EvalSpec(_Strict):
-    """Task evals. route 'device-mc': llama-perplexity --hellaswag/--winogrande/--multiple-choice on the
-    device with a data file in llama.cpp's format."""
+    """Task evals, three routes, each recorded with its rows:
+    - 'device-mc': llama-perplexity --hellaswag/--winogrande/--multiple-choice on the device with a data
+      file in llama.cpp's format (`task`, `data`, `tasks`);
+    - 'server-generate': lm-eval generation tasks against llama-server on the device through a forwarded
+      port, `slots` parallel slots (`include`, `lm_tasks`, `limit`, `chat`);
+    - 'host-loglikelihood': lm-eval log-likelihood tasks in-process on the host through llama-cpp-python
+      on the same GGUF file (`include`, `lm_tasks`, `limit`)."""
     kind: Literal["eval"]
     route: Literal["device-mc", "server-generate", "host-loglikelihood"] = "device-mc"
     task: Literal["hellaswag", "winogrande", "multiple-choice"] = "hellaswag"
-    data: str
+    data: str | None = None
     tasks: int = Field(default=0, ge=0)           # 0 = all
     ctx: int = Field(default=512, ge=64)
     threads: int | None = Field(default=None, ge=1)
+    include: str | None = None                    # folder of lm-eval task YAMLs (relative to the recipe)
+    lm_tasks: list[str] = []
+    limit: int | None = Field(default=None, ge=1)  # lm-eval --limit: first N documents per task
+    slots: int = Field(default=1, ge=1, le=64)     # llama-server --parallel = lm-eval num_concurrent
+    chat: bool = False                             # local-chat-completions (the model's chat template)
 
-    @field_validator("route")
-    @classmethod
-    def _route(cls, v: str) -> str:
-        if v != "device-mc":
-            raise ValueError(f"route {v!r} is not available in this version; use route: device-mc")
-        return v
+    @model_validator(mode="after")
+    def _route_fields(self) -> "EvalSpec":
+        if self.route == "device-mc":
+            if not self.data:
+                raise ValueError("route device-mc needs `data:` (a task file in llama.cpp's format)")
+            if self.lm_tasks or self.include:
+                raise ValueError("`lm_tasks`/`include` are for the lm-eval routes (server-generate, "
+                                 "host-loglikelihood); route device-mc takes `task` and `data`")
+        else:
+            if not self.lm_tasks:
+                raise ValueError(f"route {self.route} needs `lm_tasks:` (lm-eval task names)")
+            if self.data:
+                raise ValueError(f"`data` is for route device-mc; route {self.route} reads lm-eval task YAMLs "
+                                 "from `include:`")
+            if self.route == "host-loglikelihood" and (self.slots != 1 or self.chat):
+                raise ValueError("`slots` and `chat` are llama-server settings (route server-generate)")
+        return self
+
+    def cell_params(self) -> dict:
+        """What identifies a cell of this payload (only its route's fields: adding a field to another
+        route never changes the cell ids of a recorded run)."""
+        if self.route == "device-mc":
+            keep = ("route", "task", "data", "tasks", "ctx", "threads")
+        elif self.route == "server-generate":
+            keep = ("route", "include", "lm_tasks", "limit", "ctx", "threads", "slots", "chat")
+        else:
+            keep = ("route", "include", "lm_tasks", "limit", "ctx", "threads")
+        return {k: getattr(self, k) for k in keep}
 
 
 Payload = Annotated[Union[BenchSpec, KLDSpec, MembwSpec, BatchedSpec, EvalSpec], Field(discriminator="kind")]
@@ -143,4 +175,29 @@ def load(path: Path) -> tuple[Recipe, str]:
         r = Recipe.model_validate(data)
     except ValidationError as e:
         raise one_line(path, e) from e
+    _check_eval_routes(r, path)
     return r, hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def resolve_include(spec: str, recipe_path: Path) -> Path:
+    p = Path(spec).expanduser()
+    if not p.is_absolute():
+        p = Path(recipe_path).resolve().parent / p
+    return p
+
+
+def _check_eval_routes(r: Recipe, path: Path) -> None:
+    """Refuse, before anything runs, an lm-eval task on a route that cannot score it honestly."""
+    from .errors import DevicelabError
+    from .payloads import lmeval
+    for i, p in enumerate(r.payloads):
+        if not isinstance(p, EvalSpec) or p.route == "device-mc" or not p.include:
+            continue
+        inc = resolve_include(p.include, path)
+        if not inc.is_dir():
+            raise DevicelabError(f"{path}: payloads.{i}.include: {inc} is not a folder; give the folder of "
+                                 "the lm-eval task YAMLs, relative to the recipe")
+        try:
+            lmeval.check_tasks(p.route, p.lm_tasks, lmeval.declared_output_types(inc))
+        except DevicelabError as e:
+            raise DevicelabError(f"{path}: payloads.{i}: {e}") from None

@@ -84,6 +84,14 @@ def _metric(df: pd.DataFrame, metric: str, how: str = "max", phase: str | None =
     return float(d.loc[i, "value"]), d.loc[i]
 
 
+def _mean_accuracy(g: pd.DataFrame) -> float | None:
+    """Task accuracy of a candidate: the mean over its tasks (one `test` each, whatever the route)."""
+    d = g[(g["metric"] == "accuracy") & g["value"].notna()]
+    if d.empty:
+        return None
+    return float(d.groupby("test")["value"].mean().mean())
+
+
 def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
     out = []
     rows = rows[rows["model_bytes"].notna()]          # device-level rows (membw) are not candidates
@@ -112,7 +120,7 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
         kld, _ = _metric(g, "kld_mean")
         ppl, _ = _metric(g, "ppl_ratio")
         ept, _ = _metric(g[g["phase"] == "decode"], "energy_per_token", how="min")
-        acc, _ = _metric(g, "accuracy")
+        acc = _mean_accuracy(g)
         dh, _ = _metric(g, "devhost_kld_mean")
         c = Candidate(device, model, quant, mbytes, float(first["bpw"]), kv, overhead, overhead is not None,
                       None, budget, dec, int(drow["threads"]) if drow is not None and pd.notna(drow["threads"]) else None,

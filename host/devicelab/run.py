@@ -8,7 +8,11 @@ import json
 import os
 import platform
 import posixpath
+import random
+import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,7 +35,7 @@ from .proc import run_logged, tail
 from .schema import Row
 from .telemetry import normalize, sampler_csv, snapshots
 from .transports import open_transport
-from .transports.base import Transport
+from .transports.base import CommandResult, Transport
 
 PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code")
 
@@ -345,6 +349,13 @@ class Executor:
             if P.get("cache_type_v"):
                 a += ["-ctv", P["cache_type_v"]]
             runs.append(("main", a))
+        elif c.payload == "eval" and P["route"] == "server-generate":
+            tool = self._tool(t, build, "llama-server")
+            slots = P["slots"]
+            port = random.randint(20000, 45000)          # on the device's loopback only
+            runs.append(("main", [tool, "-m", remote_model, "-c", str(P["ctx"] * slots), "-np", str(slots),
+                                  "--host", "127.0.0.1", "--port", str(port), "-t", str(P.get("threads") or ncpu),
+                                  "--metrics", "--no-webui"]))
         elif c.payload == "eval":
             from .payloads import evals
             tool = self._tool(t, build, "llama-perplexity")
@@ -355,6 +366,8 @@ class Executor:
 
     def _run_cell(self, t: Transport, dev: labmod.Device, kit: str, facts: dict, build,
                   baseline: float | None, c: Cell, run_id: str) -> None:
+        if c.payload == "eval" and c.params.get("route") == "host-loglikelihood":
+            return self._run_host_eval(dev, facts, c, run_id)
         try:
             runs, env, qf = self._prepare(t, dev, kit, facts, build, c)
         except SkipCell as e:
@@ -393,7 +406,10 @@ class Executor:
                     local_out = local_base if name == "main" else local_base / name
                     runner = ["sh", f"{kit}/run_payload.sh", remote_out, str(self.recipe.telemetry.interval_ms),
                               dev.telemetry_root, "--", *dev.exec_prefix, *argv]
-                    results[name] = self._run_and_pull(t, runner, env, remote_out, local_out, c, argv[0])
+                    if c.payload == "eval" and c.params["route"] == "server-generate":
+                        results[name], served = self._serve_and_drive(t, runner, env, remote_out, local_out, c, argv)
+                    else:
+                        results[name] = self._run_and_pull(t, runner, env, remote_out, local_out, c, argv[0])
                 more, snap_end = snapshots.take(t, tools, "end", local_base)
                 snap_rows += more
         finally:
@@ -428,6 +444,21 @@ class Executor:
             rows += bpay.membw_rows(stdout)
         elif c.payload == "batched":
             rows += parse_batched(stdout)
+        elif c.payload == "eval" and c.params["route"] == "server-generate":
+            from .payloads import lmeval
+            lm_res, marks, counters = served
+            rows += lmeval.rows(lm_res, "server-generate")
+            gen, prompt = counters.get("tokens_predicted_total"), counters.get("prompt_tokens_total")
+            for metric, v in (("tokens_generated", gen), ("tokens_prompt", prompt)):
+                if v is not None:
+                    rows.append(Row(metric=metric, value=v, phase="eval", n_parallel=c.params["slots"]))
+            ready, done = marks.get("ready"), marks.get("done")
+            if cell_window and ready is not None and done is not None and done > ready:
+                phases.append(normalize.Phase("load", "load", cell_window[0], ready))
+                phases.append(normalize.Phase("lm-eval", "eval", ready, done, int(gen or 0)))
+                if gen:
+                    rows.append(Row(metric="eval_gen_tps", value=gen / (done - ready), phase="eval",
+                                    n_parallel=c.params["slots"], test="generated tokens / lm-eval wall time"))
         elif c.payload == "eval":
             from .payloads import evals
             plain = "\n".join(l.split("\t", 1)[1] if "\t" in l else l for l in stdout.splitlines())
@@ -451,26 +482,159 @@ class Executor:
             "cpu_mask": c.params.get("cpu_mask"), "cpu_quota": c.params.get("quota"),
             "contention": c.params.get("contention"),
         }
+        if c.payload == "eval":
+            ctx["eval_route"] = c.params["route"]
+            ctx["eval_engine"] = "llama-server + lm-eval" if c.params["route"] == "server-generate" else "llama-perplexity"
         if qf is not None:
-            info = qf.info
-            kv_per_tok = None
-            try:
-                from .models.gguf_info import ModelInfo
-                mi = ModelInfo(**{k: info[k] for k in ModelInfo.__dataclass_fields__})
-                kv_per_tok = mi.kv_cache_bytes(1)
-            except (DevicelabError, KeyError, TypeError):
-                pass
-            base_man = self.ladder(c.model).base().manifest
-            ctx.update({"model_sha256": qf.sha256, "model_bytes": qf.manifest["bytes"], "bpw": qf.manifest["bpw"],
-                        "n_params": info.get("n_params"), "kv_bytes_per_token": kv_per_tok,
-                        "tensor_types": qf.manifest["tensor_types"], "base_note": base_man.get("note")})
+            ctx.update(self._model_context(c, qf))
         for row in rows:
             row.context = ctx
         (local_base / "calibration.json").write_text(json.dumps(summ.calibration, default=str))
         self.ledger.finish_cell(c.cell_id, rows)
 
+    def _model_context(self, c: Cell, qf) -> dict:
+        info = qf.info
+        kv_per_tok = None
+        try:
+            from .models.gguf_info import ModelInfo
+            mi = ModelInfo(**{k: info[k] for k in ModelInfo.__dataclass_fields__})
+            kv_per_tok = mi.kv_cache_bytes(1)
+        except (DevicelabError, KeyError, TypeError):
+            pass
+        base_man = self.ladder(c.model).base().manifest
+        return {"model_sha256": qf.sha256, "model_bytes": qf.manifest["bytes"], "bpw": qf.manifest["bpw"],
+                "n_params": info.get("n_params"), "kv_bytes_per_token": kv_per_tok,
+                "tensor_types": qf.manifest["tensor_types"], "base_note": base_man.get("note")}
+
+    # ---------- lm-eval routes ----------
+    def _include(self, P: dict) -> Path | None:
+        return recipes.resolve_include(P["include"], self.recipe_dir / "recipe.yaml") if P.get("include") else None
+
+    def host_eval(self, model: str, quant: str, P: dict) -> dict:
+        """lm-eval log-likelihood tasks on the host through llama-cpp-python, once per (file, tasks, task
+        files, limit, ctx, engine versions): every device of a recipe shares the file's score."""
+        from .payloads import lmeval
+        qf = self.ladder(model).quant(quant)
+        include = self._include(P)
+        files = sorted(p for p in include.rglob("*") if p.is_file()) if include else []
+        versions = lmeval.versions()
+        key = hashlib.sha256(json.dumps([qf.sha256, [(p.name, sha256_file(p)) for p in files], P["lm_tasks"],
+                                         P.get("limit"), P["ctx"], versions]).encode()).hexdigest()[:16]
+        out = paths.sub("evals") / f"{model}-{quant}-host-{key}.json"
+        if out.exists():
+            return json.loads(out.read_text())
+        self.ev.stage(f"lm-eval {', '.join(P['lm_tasks'])} on the host (llama-cpp-python) for {model} {quant}")
+        t0 = time.time()
+        lm = lmeval.host_lm(qf.path, P["ctx"], P.get("threads") or max(1, os.cpu_count() or 1))
+        res = lmeval.evaluate("host-loglikelihood", lm, P["lm_tasks"], include, P.get("limit"))
+        keep = {k: res.get(k) for k in ("results", "configs", "n-samples", "versions")}
+        keep["provenance"] = {**lm.provenance, **versions, "seconds": time.time() - t0}
+        tmp = out.with_suffix(".part")
+        tmp.write_text(json.dumps(keep, default=str))
+        tmp.rename(out)
+        return json.loads(out.read_text())
+
+    def _run_host_eval(self, dev: labmod.Device, facts: dict, c: Cell, run_id: str) -> None:
+        from .payloads import lmeval
+        self.ledger.begin_cell(c.cell_id, run_id)
+        res = self.host_eval(c.model, c.quant, c.params)
+        prov = res["provenance"]
+        rows = lmeval.rows(res, "host-loglikelihood")
+        rows.append(Row(metric="wall_seconds", value=prov["seconds"], phase="cell", test="lm-eval on the host"))
+        qf = self.ladder(c.model).quant(c.quant)
+        ctx = {"run_id": run_id, "cell_id": c.cell_id, "recipe": c.recipe, "device": c.device,
+               "target": "host (llama-cpp-python)", "model": c.model, "quant": c.quant, "payload": c.payload,
+               "build_commit": prov["eval_engine"], "build_flags": {"system_info": prov.get("eval_engine_system_info")},
+               "build_key": None, "device_facts": factsmod.summary(facts),
+               "device_mem_bytes": dev.ram_budget_bytes or facts.get("mem_total_bytes"),
+               "eval_route": "host-loglikelihood", "eval_engine": f"{prov['eval_engine']} + lm-eval {prov.get('lm_eval')}"}
+        ctx.update(self._model_context(c, qf))
+        for row in rows:
+            row.context = ctx
+        self.ledger.finish_cell(c.cell_id, rows)
+
+    def _device_clock(self, t: Transport) -> float | None:
+        """The sampler's clock (device uptime) now, to place host-side events in its trace."""
+        r = t.run(["cat", "/proc/uptime"], timeout=30)
+        try:
+            return float(r.stdout.split()[0])
+        except (ValueError, IndexError):
+            return None
+
+    def _payload_pid(self, t: Transport, remote_out: str) -> str | None:
+        for _ in range(50):
+            pids = t.read_text(posixpath.join(remote_out, "pids")) or ""
+            for kv in pids.split():
+                k, _, v = kv.partition("=")
+                if k == "payload" and v.isdigit():
+                    return v
+            time.sleep(0.1)
+        return None
+
+    def _serve_and_drive(self, t: Transport, runner, env, remote_out, local_out, c: Cell, argv):
+        """llama-server on the device under the sampler (a host thread waits on it), lm-eval on the host
+        through a forwarded port, then the server is stopped and its artifacts pulled like any payload's."""
+        from .payloads import lmeval
+        P = c.params
+        port = int(argv[argv.index("--port") + 1])
+        box: dict = {}
+
+        def serve():
+            try:
+                box["res"] = t.run(runner, timeout=6 * 3600, env=env or None)
+            except BaseException as e:  # noqa: BLE001 - re-raised on the main thread
+                box["err"] = e
+
+        th = threading.Thread(target=serve, daemon=True, name=f"llama-server {c.cell_id}")
+        th.start()
+        marks: dict = {}
+        counters: dict = {}
+        lm_res = None
+        try:
+            with t.forward(port) as lp:
+                url = f"http://127.0.0.1:{lp}"
+                self._wait_ready(url, th, t, remote_out, c)
+                marks["ready"] = self._device_clock(t)
+                client = lmeval.server_client(url, P["chat"], P["slots"], c.model)
+                lm_res = lmeval.evaluate("server-generate", client, P["lm_tasks"], self._include(P), P.get("limit"))
+                marks["done"] = self._device_clock(t)
+                counters = _prometheus(url + "/metrics")
+        finally:
+            pid = self._payload_pid(t, remote_out)
+            if pid:
+                t.run(["kill", pid])
+                th.join(60)
+                if th.is_alive():
+                    t.run(["kill", "-9", pid])
+            th.join(120)
+        if "err" in box:
+            raise box["err"]
+        res = box.get("res") or CommandResult(runner, 124, "", "llama-server did not stop")
+        if res.rc in (130, 143):             # stopped by us (SIGINT/SIGTERM): the payload's normal end here
+            res = CommandResult(res.argv, 0, res.stdout, res.stderr)
+        return self._pull(t, res, runner, env, remote_out, local_out, c, argv[0]), (lm_res, marks, counters)
+
+    def _wait_ready(self, url: str, th: threading.Thread, t: Transport, remote_out: str, c: Cell,
+                    timeout: float = 900) -> None:
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if not th.is_alive():
+                err = t.read_text(posixpath.join(remote_out, "stderr.txt")) or ""
+                raise DevicelabError(f"{c.label()}: llama-server exited before it was ready: {tail(err, 3)[:300]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise RetryableError(f"{c.label()}: llama-server not ready after {timeout:.0f}s")
+
     def _run_and_pull(self, t, runner, env, remote_out, local_out, c, tool):
         res = t.run(runner, timeout=6 * 3600, env=env or None)
+        return self._pull(t, res, runner, env, remote_out, local_out, c, tool)
+
+    def _pull(self, t, res, runner, env, remote_out, local_out, c, tool):
         local_out.mkdir(parents=True, exist_ok=True)
         (local_out / "argv.json").write_text(json.dumps({"argv": runner, "env": env}))
         for name in PULLED:
@@ -501,3 +665,21 @@ class Executor:
             for pid in kv.partition("=")[2].split(","):
                 if pid.isdigit():
                     t.run(["kill", pid])
+
+
+def _prometheus(url: str) -> dict[str, float]:
+    """llama-server's /metrics counters (llamacpp:NAME VALUE), by NAME."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return out
+    for line in text.splitlines():
+        if line.startswith("llamacpp:"):
+            name, _, v = line[len("llamacpp:"):].partition(" ")
+            try:
+                out[name] = float(v.split()[0])
+            except (ValueError, IndexError):
+                pass
+    return out

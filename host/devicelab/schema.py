@@ -38,13 +38,14 @@ METRICS: dict[str, str] = {
     "mem_bandwidth": "B/s", "peak_flops": "FLOP/s", "aggregate_tps": "tok/s", "aggregate_decode_tps": "tok/s",
     # host/device logit check (same file on the device and on the host)
     "devhost_kld_mean": "nat", "devhost_same_top_p": "1",
-    # task evals
-    "accuracy": "1",
+    # task evals; llama-server's own token counters over an lm-eval run (server-generate)
+    "accuracy": "1", "tokens_prompt": "tok", "tokens_generated": "tok", "eval_gen_tps": "tok/s",
 }
 
 ROW_COLUMNS = [
     "run_id", "cell_id", "recipe", "device", "target", "model", "quant", "payload", "test",
     "threads", "n_prompt", "n_gen", "n_depth", "ctx", "phase", "cpu_mask", "cpu_quota", "contention", "n_parallel",
+    "eval_route", "eval_engine",
     "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
     "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
     "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes",

@@ -7,10 +7,15 @@ code and separate stderr) when the device offers it, and are always quoted argum
 
 from __future__ import annotations
 
+import os
 import posixpath
+import re
+import shutil
+import subprocess
+from contextlib import contextmanager
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import adbutils
 from adbutils import AdbClient, AdbError, AdbTimeout
@@ -18,6 +23,7 @@ from adbutils import AdbClient, AdbError, AdbTimeout
 from ..errors import DevicelabError, RetryableError
 from .base import CommandResult, Transport, shell_command
 
+CLI_MIN_BYTES = 8 << 20     # larger pushes go through the `adb` client binary when it matches the server
 WORKDIR = "/data/local/tmp/devicelab"     # not shared storage: mmap from /sdcard is slow (FUSE)
 _EXIT = "DEVICELAB_EXIT:"
 
@@ -32,6 +38,7 @@ class ADBTransport(Transport):
         self.tries, self.wait = reconnect_tries, reconnect_wait
         self.dev: adbutils.AdbDevice | None = None
         self.v2 = False
+        self._cli: str | None = None
 
     @classmethod
     def from_device(cls, d) -> "ADBTransport":
@@ -117,7 +124,36 @@ class ADBTransport(Transport):
         return CommandResult(list(argv), int(out[i + len(_EXIT):].strip() or 255), out[:i], "")
 
     # ---------------------------------------------------------------- files
+    def adb_cli(self) -> str | None:
+        """The `adb` client on PATH, when its protocol version is the running server's: a client of another
+        version would kill and restart the user's server. Its push is ~3× adbutils' sync push (measured:
+        bench/adb_push.py); None means adbutils' own sync push is used."""
+        if self._cli is None:
+            self._cli = ""
+            exe = shutil.which("adb")
+            if exe:
+                try:
+                    out = subprocess.run([exe, "version"], capture_output=True, text=True, timeout=10).stdout
+                    m = re.search(r"version \d+\.\d+\.(\d+)", out)
+                    if m and int(m.group(1)) == self.client.server_version():
+                        self._cli = exe
+                except (OSError, subprocess.TimeoutExpired, AdbError, ValueError):
+                    pass
+        return self._cli or None
+
     def put(self, local: Path, remote: str) -> None:
+        cli = self.adb_cli() if os.path.getsize(local) >= CLI_MIN_BYTES else None
+        if cli:                                    # `adb push` makes the parent folders itself
+            argv = [cli, "-H", str(self.client.host), "-P", str(self.client.port), "-s", self.serial,
+                    "push", str(local), remote]
+            try:
+                r = subprocess.run(argv, capture_output=True, text=True, errors="replace",
+                                   timeout=120 + os.path.getsize(local) / (1 << 20))
+            except subprocess.TimeoutExpired as e:
+                raise self._lost(e, f"pushing {Path(local).name}") from e
+            if r.returncode != 0:
+                raise self._lost(RuntimeError((r.stderr or r.stdout).strip()[-200:]), f"pushing {Path(local).name}")
+            return
         self.mkdir(posixpath.dirname(remote))
         try:
             self._d().sync.push(str(local), remote, mode=0o644)
@@ -137,9 +173,18 @@ class ADBTransport(Transport):
     def workdir(self) -> str:
         return self._workdir
 
-    def forward(self, remote_port: int) -> int:
-        """Forward a free local port to tcp:remote_port on the phone (llama-server evals)."""
+    @contextmanager
+    def forward(self, remote_port: int) -> Iterator[int]:
+        """A free local port forwarded by the adb server to tcp:remote_port on the phone (llama-server
+        evals); the forward is removed when the context closes."""
         try:
-            return self._d().forward_port(remote_port)
+            local = self._d().forward_port(remote_port)
         except (AdbError, OSError) as e:
             raise self._lost(e, "forwarding a port") from e
+        try:
+            yield local
+        finally:
+            try:
+                self._d().forward_remove(f"tcp:{local}", raise_non_found=False)
+            except (AdbError, OSError):
+                pass

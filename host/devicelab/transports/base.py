@@ -7,10 +7,11 @@ files; plus the few things a measurement lab needs (background processes, sha256
 from __future__ import annotations
 
 import shlex
+from contextlib import contextmanager
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 
 @dataclass
@@ -74,6 +75,12 @@ class Transport(ABC):
     @abstractmethod
     def workdir(self) -> str:
         """The device folder devicelab owns (cache of binaries and models, per-cell outputs)."""
+
+    @contextmanager
+    def forward(self, remote_port: int) -> Iterator[int]:
+        """A local TCP port on 127.0.0.1 that reaches 127.0.0.1:remote_port on the device while the
+        context is open (llama-server evals). The default: the device is this machine."""
+        yield remote_port
 
     # ---- generic helpers built on run(); transports may override with faster paths ----
     def sh(self, script: str, *args: str, timeout: float | None = None) -> CommandResult:

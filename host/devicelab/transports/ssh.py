@@ -15,9 +15,11 @@ import select
 import shutil
 import subprocess
 import socket
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import paramiko
 
@@ -144,6 +146,68 @@ class SSHTransport(Transport):
             raise RetryableError(f"lost the ssh connection to {self.name}: {e}") from e
         ch.settimeout(timeout)
         return ch
+
+    # ---------------------------------------------------------------- port forwarding
+    @contextmanager
+    def forward(self, remote_port: int) -> Iterator[int]:
+        """`ssh -L`: a listener on 127.0.0.1:<free port> here; each connection to it becomes a
+        direct-tcpip channel to 127.0.0.1:remote_port on the device, over the verified connection."""
+        if self.client is None:
+            self.connect()
+        tr = self.client.get_transport()
+        lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        lsock.bind(("127.0.0.1", 0))
+        lsock.listen(64)
+        stop = threading.Event()
+
+        def pump(a, b, done: list):
+            try:
+                while True:
+                    data = a.recv(1 << 16)
+                    if not data:
+                        break
+                    b.sendall(data)
+                # EOF one way is a half-close (the client may still read the answer)
+                (b.shutdown_write if isinstance(b, paramiko.Channel) else lambda: b.shutdown(socket.SHUT_WR))()
+            except (OSError, EOFError, paramiko.SSHException):
+                pass
+            finally:
+                done.append(1)
+                if len(done) == 2:          # both directions ended
+                    for x in (a, b):
+                        try:
+                            x.close()
+                        except (OSError, EOFError):
+                            pass
+
+        def serve():
+            while not stop.is_set():
+                try:
+                    conn, peer = lsock.accept()
+                except OSError:
+                    return
+                try:
+                    ch = tr.open_channel("direct-tcpip", ("127.0.0.1", remote_port), peer)
+                except (paramiko.SSHException, EOFError, OSError):
+                    conn.close()          # the device refused (nothing listening yet): the client retries
+                    continue
+                done: list = []
+                for a, b in ((conn, ch), (ch, conn)):
+                    threading.Thread(target=pump, args=(a, b, done), daemon=True).start()
+
+        th = threading.Thread(target=serve, daemon=True, name=f"ssh-forward-{self.name}-{remote_port}")
+        th.start()
+        try:
+            yield lsock.getsockname()[1]
+        finally:
+            stop.set()
+            try:
+                lsock.shutdown(socket.SHUT_RDWR)    # wakes the accept() (close alone leaves it listening)
+            except OSError:
+                pass
+            lsock.close()
+            th.join(5)
 
     # ---------------------------------------------------------------- commands
     def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,

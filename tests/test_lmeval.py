@@ -1,0 +1,115 @@
+"""The two lm-eval routes, for real: generation tasks through llama-server (pinned build) on the device
+with lm-eval's API client over the transport's forwarded port, and log-likelihood tasks on the host in-process
+through llama-cpp-python, on SmolLM2-135M's ladder. The task files are tiny ones of our own making
+(recipes/tasks/lm-eval): they exercise the routes; they do not measure real-benchmark accuracy."""
+
+import json
+import sqlite3
+
+import pytest
+
+from devicelab.errors import DevicelabError
+from devicelab.payloads import lmeval
+
+from conftest import REPO, devicelab
+
+TASKS = REPO / "recipes" / "tasks" / "lm-eval"
+
+
+def test_declared_output_types_of_our_task_files():
+    types = lmeval.declared_output_types(TASKS)
+    assert types == {"devicelab_copy": "generate_until", "devicelab_mc": "multiple_choice"}
+
+
+@pytest.mark.parametrize("route,task,needle", [
+    ("server-generate", "devicelab_mc", "no prompt logprobs"),
+    ("host-loglikelihood", "devicelab_copy", "use route: server-generate"),
+])
+def test_a_route_that_cannot_score_a_task_is_refused_before_anything_runs(tmp_path, route, task, needle):
+    recipe = tmp_path / "bad.yaml"
+    recipe.write_text(f"name: bad\nmodels: [{{name: smollm2-135m}}]\nquants: [q8_0]\npayloads:\n"
+                      f"  - {{kind: eval, route: {route}, include: {TASKS}, lm_tasks: [{task}]}}\n")
+    lab = tmp_path / "lab"
+    p = devicelab("run", recipe, "--lab-dir", lab)
+    assert p.returncode != 0
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and "payloads.0" in err[0], p.stderr
+    assert not (lab / "ledger.sqlite").exists()          # refused before a ledger or a build exists
+    with pytest.raises(DevicelabError, match=needle):
+        lmeval.check_tasks(route, [task], lmeval.declared_output_types(TASKS))
+
+
+def test_route_fields_are_checked(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\npayloads:\n  - {kind: eval, route: server-generate, data: x.txt}\n")
+    p = devicelab("run", recipe, "--lab-dir", tmp_path / "lab")
+    assert p.returncode != 0 and "lm_tasks" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+RECIPE = f"""
+name: lmeval-routes
+devices: [local]
+models: [{{name: smollm2-135m}}]
+quants: [q8_0, q2_k]
+payloads:
+  - {{kind: eval, route: server-generate, include: {TASKS}, lm_tasks: [devicelab_copy], slots: 2, ctx: 256}}
+  - {{kind: eval, route: host-loglikelihood, include: {TASKS}, lm_tasks: [devicelab_mc], ctx: 256}}
+recommend: {{context: 1024, max_kld_mean: 1, max_ppl_ratio: 5, min_accuracy: 0.3}}
+"""
+
+
+@pytest.fixture(scope="module")
+def routes(tmp_path_factory, host_build, smol_path):
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("llama_cpp")
+    d = tmp_path_factory.mktemp("lmeval")
+    (d / "r.yaml").write_text(RECIPE)
+    p = devicelab("run", d / "r.yaml", "--lab-dir", d / "lab", timeout=3600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    from devicelab.ledger import Ledger
+    return d, Ledger(d / "lab" / "ledger.sqlite").rows_frame()
+
+
+def test_generation_task_through_llama_server_on_the_device(routes):
+    _, r = routes
+    acc = r[(r.metric == "accuracy") & (r.eval_route == "server-generate")].set_index("quant")
+    assert set(acc.index) == {"q8_0", "q2_k"}
+    assert (acc.test == "lm-eval:devicelab_copy:exact_match").all()
+    assert (acc.n.astype(int) == 20).all()
+    # copying a word after two examples: q8_0 of a 135M model gets it (a broken route scores ~0)
+    assert acc.value["q8_0"] >= 0.7, acc.value
+    gen = r[(r.metric == "tokens_generated")].set_index("quant").value
+    assert (gen >= 20).all()                          # llama-server's own counter: every document generated
+    assert r[r.metric == "eval_gen_tps"].value.gt(0).all()
+    assert set(r[r.payload == "eval"].eval_engine.dropna()) >= {"llama-server + lm-eval"}
+    # the server ran under the sampler like any payload: its peak RSS is that of a loaded model
+    rss = r[(r.metric == "peak_rss") & (r.eval_route == "server-generate")].value
+    assert (rss > 50e6).all()
+
+
+def test_loglikelihood_task_on_the_host_through_llama_cpp_python(routes):
+    from devicelab.ledger import Ledger
+    d, r = routes
+    acc = r[(r.metric == "accuracy") & (r.eval_route == "host-loglikelihood")].set_index("quant")
+    assert set(acc.index) == {"q8_0", "q2_k"}
+    assert (acc.n.astype(int) == 12).all() and acc.stddev.notna().all()
+    assert acc.value["q8_0"] > 0.5, acc.value         # easy items, chance is 25%
+    assert acc.eval_engine.str.startswith("llama-cpp-python 0.3.36").all()
+    # cached per (file, task files, engine): another lab (or device) with the same cell does not re-score
+    only = d / "host-only.yaml"
+    only.write_text("\n".join(l for l in RECIPE.splitlines() if "server-generate" not in l))
+    again = devicelab("run", only, "--lab-dir", d / "lab2", timeout=3600, check=True)
+    assert "on the host (llama-cpp-python)" not in again.stdout
+    r2 = Ledger(d / "lab2" / "ledger.sqlite").rows_frame()
+    a2 = r2[r2.metric == "accuracy"].set_index("quant").value
+    assert a2.to_dict() == acc.value.to_dict()
+
+
+def test_recommendation_uses_the_route_accuracies(routes):
+    d, _ = routes
+    rec = json.loads(devicelab("recommend", "--lab-dir", d / "lab", "--recipe", d / "r.yaml", "--json",
+                               check=True).stdout)[0]
+    assert {c["quant"] for c in rec["candidates"]} == {"q8_0", "q2_k"}
+    assert all(c["accuracy"] is not None for c in rec["candidates"])
+    con = sqlite3.connect(d / "lab" / "ledger.sqlite")
+    assert con.execute("select count(*) from rows where eval_route is not null").fetchone()[0] >= 4
