@@ -31,7 +31,7 @@ n=$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null)
 kv cpu.count "$n"
 cl=""
 for c in /sys/devices/system/cpu/cpu[0-9]*; do
-  [ -r "$c/cpufreq/cpuinfo_max_freq" ] && cl="$cl $(cat "$c/cpufreq/cpuinfo_max_freq")"
+  [ -r "$c/cpufreq/cpuinfo_max_freq" ] && cl="$cl ${c##*/cpu}:$(cat "$c/cpufreq/cpuinfo_max_freq")"
 done
 kv cpu.max_khz "$(echo $cl)"
 if [ -r /proc/meminfo ]; then

@@ -22,8 +22,49 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class Netns:
+    """A network namespace the test creates, joined to this machine by a veth pair: the "board" has its
+    own address (10.a.b.2) and reaches the host at 10.a.b.1. Needs CAP_NET_ADMIN; create() says whether
+    the machine allowed it."""
+
+    def __init__(self):
+        tag = os.urandom(3).hex()
+        self.name, self.host_if, self.dev_if = f"dl-{tag}", f"dlh{tag}", f"dld{tag}"
+        a, b = 16 + int(tag[:2], 16) % 200, int(tag[2:4], 16)
+        self.host_ip, self.dev_ip = f"10.{a}.{b}.1", f"10.{a}.{b}.2"
+        self.made = False
+
+    def _ip(self, *args) -> bool:
+        return subprocess.run(["ip", *args], capture_output=True).returncode == 0
+
+    def create(self) -> bool:
+        if not shutil.which("ip") or not self._ip("netns", "add", self.name):
+            return False
+        self.made = True
+        ok = (self._ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.dev_if, "netns", self.name)
+              and self._ip("addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
+              and self._ip("link", "set", self.host_if, "up")
+              and self._ip("-n", self.name, "addr", "add", f"{self.dev_ip}/30", "dev", self.dev_if)
+              and self._ip("-n", self.name, "link", "set", self.dev_if, "up")
+              and self._ip("-n", self.name, "link", "set", "lo", "up"))
+        if not ok:
+            self.delete()
+        return ok
+
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def delete(self) -> None:
+        if self.made:
+            self._ip("link", "del", self.host_if)
+            self._ip("netns", "del", self.name)
+            self.made = False
+
+
 class Sshd:
-    def __init__(self, d: Path, port: int | None = None):
+    def __init__(self, d: Path, port: int | None = None, netns: Netns | None = None):
+        self.netns = netns
+        self.host = netns.dev_ip if netns else "127.0.0.1"
         self.d = Path(d)
         self.d.mkdir(parents=True, exist_ok=True)
         self.port = port or free_port()
@@ -36,10 +77,10 @@ class Sshd:
         os.chmod(self.d / "authorized_keys", 0o600)
         self.known_hosts = self.d / "known_hosts"
         pub = Path(str(self.hostkey) + ".pub").read_text().split()
-        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n")
+        self.known_hosts.write_text(f"[{self.host}]:{self.port} {pub[0]} {pub[1]}\n")
         self.config = self.d / "sshd_config"
         self.config.write_text(f"""Port {self.port}
-ListenAddress 127.0.0.1
+ListenAddress {self.host}
 HostKey {self.hostkey}
 PidFile {self.d}/sshd.pid
 AuthorizedKeysFile {self.d}/authorized_keys
@@ -57,12 +98,13 @@ Subsystem sftp internal-sftp
 
     def start(self):
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stdout=subprocess.DEVNULL,
+        prefix = self.netns.prefix() if self.netns else []
+        self.proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(self.config)], stdout=subprocess.DEVNULL,
                                      stderr=open(self.d / "sshd.log", "ab"))
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                socket.create_connection((self.host, self.port), timeout=0.5).close()
                 return self
             except OSError:
                 if self.proc.poll() is not None:
@@ -95,6 +137,6 @@ Subsystem sftp internal-sftp
         self.proc = None
 
     def lab_yaml(self, name="board", extra="") -> str:
-        return (f"devices:\n  - name: {name!r}\n    transport: ssh\n    host: 127.0.0.1\n    port: {self.port}\n"
+        return (f"devices:\n  - name: {name!r}\n    transport: ssh\n    host: {self.host}\n    port: {self.port}\n"
                 f"    user: root\n    key_file: {self.client_key}\n    known_hosts: {self.known_hosts}\n"
                 f"    workdir: {self.d}/device-workdir\n{extra}")

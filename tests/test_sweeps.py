@@ -79,3 +79,49 @@ def test_findings_printed(lab):
     for claim in ("decode t/s falls as bits per weight rise", "adding cores speeds prefill",
                   "quality collapses below", "a CPU quota of 0.5 cores slows decode: held"):
         assert claim in p.stdout, p.stdout
+
+
+# A phone's facts as facts.sh writes them (cpu.max_khz 'ID:kHz', in the shell's glob order, which puts
+# cpu10 before cpu2): 4 little cores at 1.8 GHz, 3 big at 2.4 GHz, 1 prime at 3.0 GHz, plus 2 more little
+# ones numbered 8 and 9 on a 10-core part. Not a phone: the facts line of one.
+PHONE = {"cpu.max_khz": "0:1800000 1:1800000 10:1800000 2:1800000 3:1800000 4:2400000 5:2400000 6:2400000 "
+                        "7:3000000 8:1800000 9:1800000", "cpu_count": 11}
+
+
+def test_big_little_masks_from_cpufreq_clusters():
+    from devicelab import facts
+    assert [k for k, _ in facts.clusters(PHONE)] == [3000000, 2400000, 1800000]
+    assert facts.named_cpus("prime", PHONE) == [7]
+    assert facts.named_cpus("big", PHONE) == [4, 5, 6, 7]
+    assert facts.named_cpus("little", PHONE) == [0, 1, 2, 3, 8, 9, 10]
+    assert facts.mask_hex(facts.named_cpus("big", PHONE)) == "0xf0"
+    assert facts.named_cpus("all", PHONE) == list(range(11))
+    uniform = {"cpu.max_khz": "0:2000000 1:2000000", "cpu_count": 2}
+    assert facts.named_cpus("big", uniform) is None and facts.named_cpus("all", uniform) == [0, 1]
+    assert facts.named_cpus("big", {"cpu_count": 2}) is None and facts.named_cpus("all", {"cpu_count": 2}) == [0, 1]
+
+
+def test_named_mask_on_a_machine_without_clusters_is_skipped_with_the_reason(tmp_path, host_build, smol_path):
+    """This VM has no cpufreq: 'big' means nothing here, and the cell says so instead of guessing;
+    'all' with threads 'auto' still runs (every CPU, one thread each)."""
+    r = tmp_path / "r.yaml"
+    r.write_text("name: masks\nmodels: [{name: smollm2-135m}]\nquants: [q4_0]\npayloads:\n"
+                 "  - {kind: bench, prompt: [8], gen: [4], threads: [auto], cpu_masks: [big, all], repetitions: 1}\n")
+    p = devicelab("run", r, "--lab-dir", tmp_path / "lab")
+    assert p.returncode == 0, p.stdout + p.stderr
+    from devicelab.ledger import Ledger
+    led = Ledger(tmp_path / "lab" / "ledger.sqlite")
+    skipped = [c for c in led.cells() if c["status"] == "skipped"]
+    assert len(skipped) == 1 and "no big.LITTLE clusters to pick 'big'" in skipped[0]["error"]
+    rows = led.rows_frame()
+    dec = rows[rows.metric == "decode_tps"]
+    import os
+    assert len(dec) == 1 and dec.cpu_mask.iloc[0] == f"all={hex((1 << os.cpu_count()) - 1)}"
+    assert int(dec.threads.iloc[0]) == os.cpu_count()
+
+
+def test_bad_cpu_mask_is_one_line(tmp_path):
+    r = tmp_path / "r.yaml"
+    r.write_text("name: m\npayloads:\n  - {kind: bench, cpu_masks: [biggest]}\n")
+    p = devicelab("run", r, "--lab-dir", tmp_path / "lab")
+    assert p.returncode != 0 and "prime | big | little | all" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -32,3 +32,42 @@ def summary(f: dict) -> dict:
     keep = ("uname", "arch", "hostname", "os", "cpu.model", "cpu.count", "cpu.parts", "cpu.max_khz",
             "mem_total_bytes", "storage_free_bytes", "android.model", "android.soc", "transport")
     return {k: f.get(k) for k in keep if f.get(k) not in (None, "")}
+
+
+MASK_NAMES = ("prime", "big", "little", "all")
+
+
+def clusters(f: dict) -> list[tuple[int, list[int]]]:
+    """CPU clusters by cpuinfo_max_freq, fastest first: [(kHz, [cpu ids])] (facts.sh writes cpu.max_khz as
+    'ID:kHz …'; older facts without IDs are in cpu order)."""
+    by: dict[int, list[int]] = {}
+    for i, tok in enumerate((f.get("cpu.max_khz") or "").split()):
+        cpu, sep, khz = tok.partition(":")
+        if not sep:
+            cpu, khz = str(i), tok
+        try:
+            by.setdefault(int(khz), []).append(int(cpu))
+        except ValueError:
+            continue
+    return sorted(((k, sorted(v)) for k, v in by.items()), reverse=True)
+
+
+def named_cpus(name: str, f: dict) -> list[int] | None:
+    """The CPUs a big.LITTLE-aware name selects: prime (the fastest cluster), big (every cluster but the
+    slowest), little (the slowest), all. None when the device has no such split (uniform cores, or no
+    cpufreq to tell them apart)."""
+    cl = clusters(f)
+    if name == "all":
+        if cl:
+            return sorted(c for _, cpus in cl for c in cpus)
+        n = f.get("cpu_count")
+        return list(range(n)) if n else None
+    if len(cl) < 2:
+        return None
+    pick = {"prime": cl[:1], "big": cl[:-1], "little": cl[-1:]}[name]
+    return sorted(c for _, cpus in pick for c in cpus)
+
+
+def mask_hex(cpus: list[int]) -> str:
+    """llama-bench -C / taskset hex mask."""
+    return hex(sum(1 << c for c in cpus))

@@ -31,14 +31,26 @@ class BenchSpec(_Strict):
     gen: list[Annotated[int, Field(ge=0)]] = [32]
     pg: list[tuple[int, int]] = []
     depth: list[Annotated[int, Field(ge=0)]] = [0]
-    threads: list[Annotated[int, Field(ge=1)]] = [1]
-    cpu_masks: list[str | None] = [None]        # llama-bench -C hex masks (affinity), one cell each
+    threads: list[Annotated[int, Field(ge=1)] | Literal["auto"]] = [1]   # auto: one per CPU of the mask
+    # llama-bench -C affinity, one cell each: a hex mask, or big.LITTLE-aware names resolved per device
+    # from its cpufreq clusters: prime (fastest cluster), big (all but the slowest), little, all
+    cpu_masks: list[str | None] = [None]
     quota: list[Annotated[float, Field(gt=0)] | None] = [None]   # CPU quota in cores (0.5 = half a core), cgroup
     contention: list[Annotated[int, Field(ge=0)]] = [0]          # busy-looping co-runners
     repetitions: int = Field(default=3, ge=1)
     warmup: bool = True
     cache_type_k: str | None = None
     cache_type_v: str | None = None
+
+
+    @field_validator("cpu_masks")
+    @classmethod
+    def _masks(cls, v: list[str | None]) -> list[str | None]:
+        import re
+        for m in v:
+            if m is not None and m not in ("prime", "big", "little", "all") and not re.fullmatch(r"0x[0-9a-fA-F]+", m):
+                raise ValueError(f"cpu mask {m!r}: give a hex mask (0xf0) or prime | big | little | all")
+        return v
 
 
 class KLDSpec(_Strict):

@@ -40,7 +40,6 @@ from .transports.base import CommandResult, Transport
 PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code")
 
 
-@dataclass
 class SkipCell(Exception):
     """This device cannot run this cell (a reason, not an error): recorded as skipped."""
 
@@ -311,9 +310,10 @@ class Executor:
             remote_model = push.ensure(t, qf.path, qf.sha256, qf.path.name)
         runs: list[tuple[str, list[str]]] = []
         if c.payload == "bench":
+            mask, threads = self._affinity(P, facts, dev)
             bp = benchp.BenchParams(prompt=tuple(P["prompt"]), gen=tuple(P["gen"]), pg=tuple(tuple(x) for x in P["pg"]),
-                                    depth=tuple(P["depth"]), threads=P["threads"], repetitions=P["repetitions"],
-                                    warmup=P["warmup"], cpu_mask=P.get("cpu_mask"),
+                                    depth=tuple(P["depth"]), threads=threads, repetitions=P["repetitions"],
+                                    warmup=P["warmup"], cpu_mask=mask,
                                     cache_type_k=P.get("cache_type_k"), cache_type_v=P.get("cache_type_v"))
             runs.append(("main", benchp.argv(self._tool(t, build, "llama-bench"), remote_model, bp)))
             if P.get("contention"):
@@ -364,10 +364,31 @@ class Executor:
             runs.append(("main", evals.device_mc_argv(tool, remote_model, rd, P, P.get("threads") or ncpu)))
         return runs, env, qf
 
+    def _affinity(self, P: dict, facts: dict, dev: labmod.Device) -> tuple[str | None, int]:
+        """llama-bench's -C mask and -t count for a bench cell: named masks (prime/big/little/all) are
+        resolved from the device's cpufreq clusters; threads 'auto' = one per CPU of the mask."""
+        name = P.get("cpu_mask")
+        cpus = None
+        mask = name
+        if name in factsmod.MASK_NAMES:
+            cpus = factsmod.named_cpus(name, facts)
+            if cpus is None:
+                raise SkipCell(f"{dev.name} has no big.LITTLE clusters to pick '{name}' from (its cpufreq max "
+                               "frequencies are all equal or unreadable)")
+            mask = factsmod.mask_hex(cpus)
+            self._cell_extra["cpu_mask"] = f"{name}={mask}"
+        elif name:
+            cpus = [i for i in range(int(name, 16).bit_length()) if int(name, 16) >> i & 1]
+        threads = P["threads"]
+        if threads == "auto":
+            threads = len(cpus) if cpus else (facts.get("cpu_count") or 1)
+        return mask, int(threads)
+
     def _run_cell(self, t: Transport, dev: labmod.Device, kit: str, facts: dict, build,
                   baseline: float | None, c: Cell, run_id: str) -> None:
         if c.payload == "eval" and c.params.get("route") == "host-loglikelihood":
             return self._run_host_eval(dev, facts, c, run_id)
+        self._cell_extra: dict = {}             # provenance resolved while preparing (named CPU masks)
         try:
             runs, env, qf = self._prepare(t, dev, kit, facts, build, c)
         except SkipCell as e:
@@ -482,6 +503,7 @@ class Executor:
             "cpu_mask": c.params.get("cpu_mask"), "cpu_quota": c.params.get("quota"),
             "contention": c.params.get("contention"),
         }
+        ctx.update(self._cell_extra)
         if c.payload == "eval":
             ctx["eval_route"] = c.params["route"]
             ctx["eval_engine"] = "llama-server + lm-eval" if c.params["route"] == "server-generate" else "llama-perplexity"
