@@ -249,6 +249,7 @@ class Executor:
                 build = buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
             baseline = self._hottest(t, kit, dev)
             self._snap_tools = snapshots.available(t)
+            self._governor = self._pin_governor(t, kit, dev) if dev.governor else None
             for c in cells:
                 self.ev.cell_start(c)
                 try:
@@ -270,7 +271,34 @@ class Executor:
                     rep.failed.append(c.cell_id)
                     self.ev.cell_done(c, False, str(e))
         finally:
+            if getattr(self, "_governor", None) and self._governor.startswith("pinned"):
+                self._governor_cmd(t, kit, ["restore", self._governor_state(t), dev.telemetry_root])
+            self._governor = None
             t.close()
+
+    def _governor_state(self, t: Transport) -> str:
+        return posixpath.join(t.workdir(), "governor.saved")
+
+    def _governor_cmd(self, t: Transport, kit: str, args: list[str]) -> str:
+        """governor.sh as the device user, then through `su -c` (rooted phones) if that was refused."""
+        argv = ["sh", f"{kit}/governor.sh", *args]
+        out = t.run(argv, timeout=60).stdout.strip()
+        if "permission denied" in out:
+            from .transports.base import quote_argv
+            su = t.run(["su", "-c", quote_argv(argv)], timeout=60)
+            if su.rc == 0 and su.stdout.strip():
+                out = su.stdout.strip()
+        return out
+
+    def _pin_governor(self, t: Transport, kit: str, dev: labmod.Device) -> str:
+        """Pin every cpufreq policy to dev.governor for this device's cells (restored afterwards); the
+        outcome, pinned or why not, goes into every row's `governor` column."""
+        out = self._governor_cmd(t, kit, ["set", dev.governor, self._governor_state(t), dev.telemetry_root])
+        if not out.startswith("pinned"):
+            self.ev.stage(f"warning: {dev.name}: governor {dev.governor} not pinned ({out or 'no answer'}); "
+                          "measuring with the device's own governor")
+            return f"not pinned: {out}"
+        return out
 
     def _hottest(self, t: Transport, kit: str, dev: labmod.Device) -> float | None:
         r = t.run(["sh", f"{kit}/thermal.sh", dev.telemetry_root], timeout=30)
@@ -504,6 +532,7 @@ class Executor:
             "contention": c.params.get("contention"),
         }
         ctx.update(self._cell_extra)
+        ctx["governor"] = getattr(self, "_governor", None)
         if c.payload == "eval":
             ctx["eval_route"] = c.params["route"]
             ctx["eval_engine"] = "llama-server + lm-eval" if c.params["route"] == "server-generate" else "llama-perplexity"
@@ -538,9 +567,11 @@ class Executor:
         from .payloads import lmeval
         qf = self.ladder(model).quant(quant)
         include = self._include(P)
-        files = sorted(p for p in include.rglob("*") if p.is_file()) if include else []
+        files = sorted(p for p in include.rglob("*") if p.is_file() and not p.name.endswith(".sha256.json")) \
+            if include else []
         versions = lmeval.versions()
-        key = hashlib.sha256(json.dumps([qf.sha256, [(p.name, sha256_file(p)) for p in files], P["lm_tasks"],
+        tasks_digest = [(str(p.relative_to(include)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
+        key = hashlib.sha256(json.dumps([qf.sha256, tasks_digest, P["lm_tasks"],
                                          P.get("limit"), P["ctx"], versions]).encode()).hexdigest()[:16]
         out = paths.sub("evals") / f"{model}-{quant}-host-{key}.json"
         if out.exists():

@@ -45,7 +45,7 @@ METRICS: dict[str, str] = {
 ROW_COLUMNS = [
     "run_id", "cell_id", "recipe", "device", "target", "model", "quant", "payload", "test",
     "threads", "n_prompt", "n_gen", "n_depth", "ctx", "phase", "cpu_mask", "cpu_quota", "contention", "n_parallel",
-    "eval_route", "eval_engine",
+    "eval_route", "eval_engine", "governor",
     "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
     "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
     "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes",
