@@ -186,7 +186,7 @@ payloads:
   - {{kind: bench, prompt: [16], gen: [8], threads: [1], repetitions: 2}}
   - {{kind: kld, ctx: 128, chunks: 2}}
   - {{kind: eval, route: server-generate, include: {tasks}, lm_tasks: [devicelab_copy], limit: 8, ctx: 256}}
-recommend: {{context: 1024, max_kld_mean: 0.5, min_decode_tps: 1}}
+recommend: {{context: 1024, max_kld_mean: 0.5, max_ppl_ratio: 2, min_decode_tps: 1}}
 """
 
 
