@@ -37,8 +37,12 @@ def test_two_model_frontier_and_recommendation(lab):
     r = rows(d)
     assert set(r.model) >= {"smollm2-135m", "gemma3-270m"}
     acc = r[r.metric == "accuracy"]
-    assert len(acc) == 8 and acc.value.between(0, 1).all()
-    assert acc.value.max() > 0.5, "our easy items are far above the 25% chance level for some quant"
+    # the three routes, each for 2 models × 4 quants
+    assert acc.groupby("eval_route").size().to_dict() == {"device-mc": 8, "host-loglikelihood": 8,
+                                                          "server-generate": 8}
+    assert acc.value.between(0, 1).all()
+    for route in ("device-mc", "host-loglikelihood"):     # easy items, 25% chance level
+        assert acc[acc.eval_route == route].value.max() > 0.5, route
     rec = json.loads(devicelab("recommend", "--lab-dir", d, "--recipe", RECIPE, "--json", check=True).stdout)[0]
     assert rec["quality_axis"] == "accuracy"          # KLD is not comparable across models
     assert rec["frontier"] and rec["pick"]

@@ -49,10 +49,13 @@ def _quality_plot(w: pd.DataFrame, rows: pd.DataFrame) -> str | None:
     axes[0].set(xlabel="bits per weight (file)", ylabel="mean KLD vs F16 base (nats)", yscale="log", title="KL divergence")
     axes[1].set(xlabel="bits per weight (file)", ylabel="PPL(quant) / PPL(base)", title="perplexity ratio")
     if not acc.empty:
-        a = acc.groupby(["model", "quant"]).agg(bpw=("bpw", "first"), acc=("value", "max")).reset_index()
-        for model, g in a.groupby("model"):
+        acc = acc.assign(eval_route=acc["eval_route"].fillna("device-mc") if "eval_route" in acc else "device-mc")
+        a = acc.groupby(["model", "test", "eval_route", "quant"]).agg(bpw=("bpw", "first"),
+                                                                     acc=("value", "mean")).reset_index()
+        for (model, test, route), g in a.groupby(["model", "test", "eval_route"]):
             g = g.sort_values("bpw")
-            axes[2].plot(g.bpw, g.acc * 100, "o-", label=model)
+            task = test.split(":")[1] if test.startswith("lm-eval:") else test.split(":")[0]
+            axes[2].plot(g.bpw, g.acc * 100, "o-", label=f"{model} · {task} ({route})")
         axes[2].set(xlabel="bits per weight (file)", ylabel="accuracy (%)", title="task accuracy (own small task files)")
     for ax in axes:
         ax.grid(alpha=.3)
