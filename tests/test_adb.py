@@ -261,3 +261,38 @@ def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, 
     assert p.returncode == 0, p.stdout + p.stderr
     assert dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall()) == {"done": 2}
     peer2.kill()
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not shutil.which("qemu-aarch64-static"), reason="needs qemu-user-static")
+def test_two_phones_by_serial_one_unplugged_the_other_goes_on(adb, tmp_path, source, host_build, smol_path):
+    keys = tmp_path / "adb_keys"
+    keys.write_text(adb.pubkey.read_text())
+    a = AdbdPeer(tmp_path / "peer-a", free_port(), keys, {**PROPS, "ro.product.model": "Peer A"}).start()
+    b = AdbdPeer(tmp_path / "peer-b", free_port(), keys, {**PROPS, "ro.product.model": "Peer B"}).start()
+    root = _battery_root(tmp_path)
+    lab = tmp_path / "lab.yaml"
+    lab.write_text("devices:\n" + "".join(
+        f"  - name: phone-{n}\n    transport: adb\n    serial: '127.0.0.1:{p.port}'\n    adb_port: {adb.port}\n"
+        f"    workdir: '{tmp_path}/phone-{n}-tmp'\n    telemetry_root: '{root}'\n"
+        "    cpu_features: 'fp asimd asimddp'\n    exec_prefix: [qemu-aarch64-static]\n" for n, p in (("a", a), ("b", b))))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(PHONE_RECIPE.replace("devices: [phone]", "devices: [phone-a, phone-b]")
+                      .replace("quants: [q8_0, q4_0]", "quants: [q4_0]"))
+    a.kill()                                              # phone A is unplugged before the run
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
+    assert p.returncode == 1, p.stdout + p.stderr
+    con = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite")
+    st = dict(con.execute("SELECT device, status FROM cells").fetchall())
+    assert st == {"phone-a": "failed-retryable", "phone-b": "done"}, st
+    err = con.execute("SELECT error FROM cells WHERE device='phone-a'").fetchone()[0]
+    assert "not connected after" in err and f"127.0.0.1:{a.port}" in err
+    facts = con.execute("SELECT DISTINCT device_facts FROM rows").fetchall()
+    assert len(facts) == 1 and "Peer B" in facts[0][0]
+    a2 = AdbdPeer(tmp_path / "peer-a", a.port, keys, {**PROPS, "ro.product.model": "Peer A"}).start()
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert dict(con.execute("SELECT device, status FROM cells").fetchall()) == {"phone-a": "done", "phone-b": "done"}
+    assert con.execute("SELECT attempts FROM cells WHERE device='phone-b'").fetchone()[0] == 1   # not re-run
+    a2.kill()
+    b.kill()

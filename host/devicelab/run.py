@@ -645,6 +645,7 @@ class Executor:
         marks: dict = {}
         counters: dict = {}
         lm_res = None
+        failure: BaseException | None = None
         try:
             with t.forward(port) as lp:
                 url = f"http://127.0.0.1:{lp}"
@@ -654,16 +655,25 @@ class Executor:
                 lm_res = lmeval.evaluate("server-generate", client, P["lm_tasks"], self._include(P), P.get("limit"))
                 marks["done"] = self._device_clock(t)
                 counters = _prometheus(url + "/metrics")
+        except (DevicelabError, OSError) as e:
+            failure = e
         finally:
-            pid = self._payload_pid(t, remote_out)
-            if pid:
-                t.run(["kill", pid])
-                th.join(60)
-                if th.is_alive():
-                    t.run(["kill", "-9", pid])
+            try:
+                pid = self._payload_pid(t, remote_out)
+                if pid:
+                    t.run(["kill", pid])
+                    th.join(60)
+                    if th.is_alive():
+                        t.run(["kill", "-9", pid])
+            except (DevicelabError, OSError):
+                pass                      # the device is gone: its thread below says so
             th.join(120)
-        if "err" in box:
-            raise box["err"]
+        if "err" in box:                  # the device side failed (a lost phone/board is retryable)
+            raise box["err"] from failure
+        if isinstance(failure, OSError):
+            raise RetryableError(f"{c.label()}: the forwarded port to llama-server failed: {failure}") from failure
+        if failure is not None:
+            raise failure
         res = box.get("res") or CommandResult(runner, 124, "", "llama-server did not stop")
         if res.rc in (130, 143):             # stopped by us (SIGINT/SIGTERM): the payload's normal end here
             res = CommandResult(res.argv, 0, res.stdout, res.stderr)

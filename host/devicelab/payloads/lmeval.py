@@ -158,10 +158,16 @@ def evaluate(route: str, lm, tasks: list[str], include: Path | None, limit: int 
         tm = _task_manager(include, tasks)
         check_tasks(route, tasks, _loaded_output_types(tm, tasks))
         model, model_args = (lm, None) if not isinstance(lm, tuple) else lm
-        res = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, task_manager=tm,
-                                      limit=limit, log_samples=False, random_seed=seed, numpy_random_seed=seed,
-                                      torch_random_seed=seed, fewshot_random_seed=seed,
-                                      bootstrap_iters=1000)
+        try:
+            res = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, task_manager=tm,
+                                          limit=limit, log_samples=False, random_seed=seed,
+                                          numpy_random_seed=seed, torch_random_seed=seed,
+                                          fewshot_random_seed=seed, bootstrap_iters=1000)
+        except DevicelabError:
+            raise
+        except Exception as e:  # noqa: BLE001 - lm-eval, datasets, the HTTP client: one line for the cell
+            raise DevicelabError(f"lm-eval failed on {', '.join(tasks)} ({route}): {type(e).__name__}: "
+                                 f"{str(e).strip()[:240]}") from e
     if not res or not res.get("results"):
         raise DevicelabError("lm-eval returned no results (no task ran)")
     return res
