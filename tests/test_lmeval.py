@@ -113,3 +113,21 @@ def test_recommendation_uses_the_route_accuracies(routes):
     assert all(c["accuracy"] is not None for c in rec["candidates"])
     con = sqlite3.connect(d / "lab" / "ledger.sqlite")
     assert con.execute("select count(*) from rows where eval_route is not null").fetchone()[0] >= 4
+
+
+def test_a_server_that_cannot_start_fails_its_cell_with_the_reason(tmp_path, host_build, smol_path):
+    """A KV cache of 8M tokens (184 GB) cannot be allocated: llama-server exits during startup; the cell fails with
+    llama-server's own words, the run goes on to the next cell and nothing else is lost."""
+    pytest.importorskip("lm_eval")
+    r = tmp_path / "r.yaml"
+    r.write_text(f"name: dies\nmodels: [{{name: smollm2-135m}}]\nquants: [q4_0]\npayloads:\n"
+                 f"  - {{kind: eval, route: server-generate, include: {TASKS}, lm_tasks: [devicelab_copy], "
+                 "ctx: 8000000, limit: 2}\n"
+                 "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n")
+    p = devicelab("run", r, "--lab-dir", tmp_path / "lab", timeout=900)
+    assert p.returncode == 1, p.stdout + p.stderr
+    con = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite")
+    st = dict(con.execute("SELECT payload, status FROM cells").fetchall())
+    assert st == {"eval": "failed", "bench": "done"}, st
+    err = con.execute("SELECT error FROM cells WHERE payload='eval'").fetchone()[0]
+    assert "llama-server exited before it was ready" in err and "\n" not in err.strip()

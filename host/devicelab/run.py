@@ -685,7 +685,8 @@ class Executor:
         while time.time() - t0 < timeout:
             if not th.is_alive():
                 err = t.read_text(posixpath.join(remote_out, "stderr.txt")) or ""
-                raise DevicelabError(f"{c.label()}: llama-server exited before it was ready: {tail(err, 3)[:300]}")
+                last = " | ".join(l.strip() for l in tail(err, 3).splitlines() if l.strip())
+                raise DevicelabError(f"{c.label()}: llama-server exited before it was ready: {last[:300]}")
             try:
                 with urllib.request.urlopen(url + "/health", timeout=5) as r:
                     if r.status == 200:
