@@ -37,7 +37,9 @@ def test_valid_recipe_expands_to_cells(tmp_path):
 
 @pytest.mark.parametrize("text,expect", [
     (OK.replace("Q4_K_M", "q9_z"), r"quants: unknown quant type 'q9_z'; use one of f32, f16"),
-    (OK.replace("threads: [1, 2]", "threads: [0]"), r"payloads\.0\.bench\.threads\.0: Input should be greater than or equal to 1"),
+    (OK.replace("threads: [1, 2]", "threads: [0]"), r"payloads\.0\.bench\.threads: thread count 0: give an integer ≥ 1 or auto"),
+    (OK.replace("{kind: kld}", "{kind: kld, ctx: 64, chunks: 1}"), r"payloads\.1\.kld: ctx 64 × chunks 1 scores 31 tokens; llama-perplexity prints KL-divergence statistics only over ≥ 100"),
+    (OK.replace("threads: [1, 2]", "threads: [1, 2], cpu_masks: [huge]"), r"cpu mask 'huge': give a hex mask \(0xf0\) or prime \| big \| little \| all"),
     (OK.replace("kind: kld", "kind: kldx"), r"payloads\.1: Input tag 'kldx' found using 'kind' does not match"),
     (OK + "colour: red\n", r"colour: Extra inputs are not permitted"),
     (OK.replace("name: t", "name: 'a b'"), r"name: String should match pattern"),

@@ -31,7 +31,7 @@ class BenchSpec(_Strict):
     gen: list[Annotated[int, Field(ge=0)]] = [32]
     pg: list[tuple[int, int]] = []
     depth: list[Annotated[int, Field(ge=0)]] = [0]
-    threads: list[Annotated[int, Field(ge=1)] | Literal["auto"]] = [1]   # auto: one per CPU of the mask
+    threads: list[int | str] = [1]              # counts, or auto: one thread per CPU of the mask
     # llama-bench -C affinity, one cell each: a hex mask, or big.LITTLE-aware names resolved per device
     # from its cpufreq clusters: prime (fastest cluster), big (all but the slowest), little, all
     cpu_masks: list[str | None] = [None]
@@ -42,6 +42,14 @@ class BenchSpec(_Strict):
     cache_type_k: str | None = None
     cache_type_v: str | None = None
 
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: list[int | str]) -> list[int | str]:
+        for t in v:
+            if t != "auto" and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+                raise ValueError(f"thread count {t!r}: give an integer ≥ 1 or auto")
+        return v
 
     @field_validator("cpu_masks")
     @classmethod
@@ -61,6 +69,14 @@ class KLDSpec(_Strict):
     threads: int | None = Field(default=None, ge=1)
     host_check: bool | None = None    # also compare the device's logits with the host's for the same file
                                       # (default: on for every device that is not this machine)
+
+    @model_validator(mode="after")
+    def _enough_tokens(self) -> "KLDSpec":
+        scored = (self.ctx - self.ctx // 2 - 1) * self.chunks    # llama-perplexity scores each chunk's 2nd half
+        if scored < 100:
+            raise ValueError(f"ctx {self.ctx} × chunks {self.chunks} scores {scored} tokens; llama-perplexity "
+                             "prints KL-divergence statistics only over ≥ 100 (e.g. ctx: 128, chunks: 2)")
+        return self
 
 
 class MembwSpec(_Strict):
