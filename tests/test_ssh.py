@@ -98,6 +98,30 @@ def test_hostile_arguments_stay_data(sshd, tmp_path):
     assert not marker.exists() and not Path("x").exists()
 
 
+@pytest.mark.parametrize("via", ["openssh", "paramiko"])
+def test_push_onto_a_full_disk_is_refused_not_cached(sshd, tmp_path, via, monkeypatch):
+    """The board's storage is a 4 MiB tmpfs: tee writes a short file while the hash of the stream still
+    matches; the size check catches it and nothing is marked good."""
+    wd = tmp_path / "small"
+    wd.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(wd)], capture_output=True).returncode:
+        pytest.skip("needs permission to mount a tmpfs")
+    try:
+        if via == "paramiko":
+            monkeypatch.setenv("DEVICELAB_NO_OPENSSH", "1")
+        big = tmp_path / "model.bin"
+        big.write_bytes(os.urandom(12 << 20))
+        sha = hashlib.sha256(big.read_bytes()).hexdigest()
+        t = transport(sshd, workdir=str(wd))
+        t.connect()
+        with pytest.raises((DevicelabError, RetryableError), match="short|storage"):
+            push.ensure(t, big, sha, "model.bin")
+        assert not list(wd.rglob("*.ok"))
+        t.close()
+    finally:
+        subprocess.run(["umount", str(wd)])
+
+
 def test_push_is_verified_cached_and_resumes_after_sshd_dies(sshd, tmp_path):
     big = tmp_path / "model.bin"
     block = os.urandom(1 << 20)

@@ -24,13 +24,14 @@ from typing import Iterator, Sequence
 import paramiko
 
 from ..errors import DevicelabError, RetryableError
-from .base import CommandResult, Transport, quote_argv, shell_command
+from .base import SHA256_STDIN, CommandResult, Transport, quote_argv, shell_command
 
 CHUNK = 1 << 20
 OPENSSH_MIN_BYTES = 8 << 20    # larger pushes go through the system's OpenSSH client when it has one
 # write the stream to the file and hash it on the way: the push is verified without a second read
-_TEE_SHA = ('f=$1; if command -v sha256sum >/dev/null 2>&1; then tee "$f" | sha256sum; '
-            'else tee "$f" | shasum -a 256; fi')
+# ($2 = the size sent: a full disk makes tee write a short file while the hash of the stream still matches)
+_TEE_SHA = ('tee "$1" | { ' + SHA256_STDIN + '; } && s=$(wc -c < "$1") && [ "$s" -eq "$2" ] '
+            '|| { echo "short write: ${s:-?} of $2 bytes" >&2; exit 28; }')
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
 
 
@@ -256,7 +257,7 @@ class SSHTransport(Transport):
         is CPU-bound at about half of scp's rate; otherwise one paramiko channel with a large window,
         which beats paramiko's SFTP (it waits on 32 KiB requests)."""
         self.mkdir(posixpath.dirname(remote))
-        cmd = quote_argv(["sh", "-c", _TEE_SHA, "devicelab", remote])
+        cmd = quote_argv(["sh", "-c", _TEE_SHA, "devicelab", remote, str(os.path.getsize(local))])
         if os.path.getsize(local) >= OPENSSH_MIN_BYTES and shutil.which("ssh") and not os.environ.get("DEVICELAB_NO_OPENSSH"):
             return self._put_openssh(local, cmd)
         ch = self._session(None)
@@ -299,6 +300,9 @@ class SSHTransport(Transport):
     def _put_openssh(self, local: Path, cmd: str) -> str | None:
         with open(local, "rb") as fh:
             p = subprocess.run(self.openssh_argv() + [cmd], stdin=fh, capture_output=True, text=True)
+        if p.returncode == 28:
+            raise DevicelabError(f"push of {Path(local).name} to {self.name} wrote a short file ({p.stderr.strip()[:120]}); "
+                                 "free space on the device (its workdir's filesystem) and run again")
         if p.returncode != 0:
             raise RetryableError(f"push of {Path(local).name} to {self.name} broke off (ssh exit {p.returncode}: "
                                  f"{p.stderr.strip()[:160]})")
