@@ -234,7 +234,8 @@ def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, 
     root = _battery_root(tmp_path)
     lab = _phone_lab(tmp_path, adb, peer, root)
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(PHONE_RECIPE.replace("gen: [4]", "gen: [48]").replace("repetitions: 1", "repetitions: 2"))
+    # long enough to be cut mid-cell (model load alone takes seconds under qemu), short enough to re-run
+    recipe.write_text(PHONE_RECIPE.replace("gen: [4]", "gen: [16]"))
     db = tmp_path / "lab" / "ledger.sqlite"
     proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab", str(lab),
                              "--lab-dir", str(tmp_path / "lab")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
