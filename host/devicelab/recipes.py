@@ -219,13 +219,18 @@ def _check_eval_routes(r: Recipe, path: Path) -> None:
     from .errors import DevicelabError
     from .payloads import lmeval
     for i, p in enumerate(r.payloads):
-        if not isinstance(p, EvalSpec) or p.route == "device-mc" or not p.include:
+        if not isinstance(p, EvalSpec) or p.route == "device-mc":
             continue
-        inc = resolve_include(p.include, path)
-        if not inc.is_dir():
-            raise DevicelabError(f"{path}: payloads.{i}.include: {inc} is not a folder; give the folder of "
-                                 "the lm-eval task YAMLs, relative to the recipe")
+        types: dict = {}
+        if p.include:
+            inc = resolve_include(p.include, path)
+            if not inc.is_dir():
+                raise DevicelabError(f"{path}: payloads.{i}.include: {inc} is not a folder; give the folder of "
+                                     "the lm-eval task YAMLs, relative to the recipe")
+            types = lmeval.declared_output_types(inc)
+        if any(t not in types for t in p.lm_tasks):     # lm-eval's own tasks (hellaswag, gsm8k, …)
+            types.update(lmeval.builtin_output_types(t for t in p.lm_tasks if t not in types))
         try:
-            lmeval.check_tasks(p.route, p.lm_tasks, lmeval.declared_output_types(inc))
+            lmeval.check_tasks(p.route, p.lm_tasks, types)
         except DevicelabError as e:
             raise DevicelabError(f"{path}: payloads.{i}: {e}") from None

@@ -82,6 +82,18 @@ def declared_output_types(include: Path) -> dict[str, str | None]:
     return out
 
 
+def builtin_output_types(tasks: Iterable[str]) -> dict[str, str | None]:
+    """Output types of lm-eval's built-in tasks from its task index (YAML only: no dataset is loaded);
+    {} when lm-eval is not installed (the run then says so)."""
+    try:
+        _lm_eval()
+        from lm_eval.tasks import TaskManager
+    except DevicelabError:
+        return {}
+    idx = TaskManager().task_index
+    return {t: (getattr(idx.get(t), "cfg", None) or {}).get("output_type") for t in tasks if t in idx}
+
+
 def route_problem(route: str, task: str, output_type: str | None) -> str | None:
     """Why `task` (of `output_type`) cannot be scored honestly on `route`; None when it can."""
     if output_type is None:
@@ -135,18 +147,32 @@ def _task_manager(include: Path | None, tasks: list[str]):
 
 
 def _loaded_output_types(tm, tasks: list[str]) -> dict[str, str]:
-    """Output types from lm-eval's own task objects (covers built-in tasks and groups)."""
+    """Output types as lm-eval itself resolves them: from its task index (no dataset is loaded), and for
+    tasks whose type comes from an `include:` or a group, from the loaded task objects."""
     out: dict[str, str] = {}
+    rest = []
+    for t in tasks:
+        e = tm.task_index.get(t) if hasattr(tm, "task_index") else None
+        ot = (getattr(e, "cfg", None) or {}).get("output_type") if e is not None else None
+        if ot:
+            out[t] = ot
+        else:
+            rest.append(t)
+    if rest:
+        from lm_eval.tasks import get_task_dict
 
-    def walk(d):
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v)
-            elif v is not None and hasattr(v, "OUTPUT_TYPE"):
-                name = getattr(v, "task_name", None) or getattr(v, "config", {}).get("task", str(k))
-                out[str(name)] = v.OUTPUT_TYPE
-    from lm_eval.tasks import get_task_dict
-    walk(get_task_dict(tasks, tm))
+        def walk(d):
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(v)
+                elif v is not None and hasattr(v, "OUTPUT_TYPE"):
+                    name = getattr(v, "task_name", None) or getattr(v, "config", {}).get("task", str(k))
+                    out[str(name)] = v.OUTPUT_TYPE
+        try:
+            walk(get_task_dict(rest, tm))
+        except Exception as e:  # noqa: BLE001 - datasets' offline/missing errors: one line
+            raise DevicelabError(f"lm-eval could not load {', '.join(rest)}: {type(e).__name__}: {str(e)[:200]} "
+                                 "(offline: the dataset must be in your HF cache, or give local data_files)") from e
     return out
 
 
