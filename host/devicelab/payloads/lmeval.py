@@ -35,6 +35,10 @@ def _offline() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("TQDM_DISABLE", "1")          # devicelab's own progress is the one shown
+    import logging
+    for name in ("lm_eval", "lm-eval", "datasets"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _lm_eval():
