@@ -37,9 +37,9 @@ def test_two_model_frontier_and_recommendation(lab):
     r = rows(d)
     assert set(r.model) >= {"smollm2-135m", "gemma3-270m"}
     acc = r[r.metric == "accuracy"]
-    # the three routes, each for 2 models × 4 quants
-    assert acc.groupby("eval_route").size().to_dict() == {"device-mc": 8, "host-loglikelihood": 8,
-                                                          "server-generate": 8}
+    # the three routes, each for 2 models × the full 7-quant ladder
+    assert acc.groupby("eval_route").size().to_dict() == {"device-mc": 14, "host-loglikelihood": 14,
+                                                          "server-generate": 14}
     assert acc.value.between(0, 1).all()
     for route in ("device-mc", "host-loglikelihood"):     # easy items, 25% chance level
         assert acc[acc.eval_route == route].value.max() > 0.5, route
@@ -69,7 +69,7 @@ def test_recommendation_reproducible_from_export(lab, tmp_path):
 def test_device_host_check_passes_on_the_local_target(lab):
     r = rows(lab[0])
     dh = r[r.metric == "devhost_kld_mean"]
-    assert len(dh) == 8 and (dh.value < 1e-3).all()
+    assert len(dh) == 14 and (dh.value < 1e-3).all()
     assert (r[r.metric == "devhost_same_top_p"].value > 0.99).all()
 
 
