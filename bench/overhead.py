@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from devicelab import paths
 from devicelab.build import cache, source, targets

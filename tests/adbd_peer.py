@@ -17,7 +17,6 @@ mute=True accepts connections but never answers CNXN (adb shows the device `offl
 from __future__ import annotations
 
 import base64
-import hashlib
 import os
 import queue
 import socket

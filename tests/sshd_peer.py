@@ -3,7 +3,6 @@ host key and authorized key. This is the peer for the SSH transport: no test dou
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket

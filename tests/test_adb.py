@@ -3,7 +3,6 @@ device-side peer on 127.0.0.1 that speaks the real adb transport protocol (tests
 is a protocol-faithful stand-in, not Android: no SELinux, no bionic; its commands run in this machine's sh."""
 
 import hashlib
-import json
 import os
 import shutil
 import sqlite3
@@ -20,7 +19,7 @@ from devicelab.errors import DevicelabError, RetryableError
 from devicelab.transports.adb import ADBTransport
 
 from adbd_peer import AdbdPeer, AdbServer, fake_dumpsys, free_port
-from conftest import FIXTURES, REPO, check_forward, devicelab, echo_server
+from conftest import FIXTURES, check_forward, devicelab, echo_server
 
 pytestmark = pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)")
 PROPS = {"ro.product.model": "Peer 7", "ro.product.manufacturer": "devicelab", "ro.product.name": "peer",

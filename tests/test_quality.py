@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import time
 
-import pandas as pd
 import pytest
 
 from devicelab import paths

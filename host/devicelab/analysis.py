@@ -7,7 +7,6 @@ larger fraction of."""
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pandas as pd
@@ -120,17 +119,3 @@ def findings(rows: pd.DataFrame) -> list[dict]:
                 out.append({"device": dev, "model": model, "claim": "a co-running load slows decode",
                             "held": bool(s.median() < 0.95), "evidence": f"decode with load / without = {s.median():.2f}"})
     return out
-
-
-def kv_cache_table(info: dict, contexts=(2048, 8192, 32768), types=("f16", "q8_0", "q4_0")) -> pd.DataFrame:
-    """KV cache bytes at each context for F16 and quantized KV (-ctk/-ctv); bytes per element from ggml's
-    block sizes (q8_0: 34 bytes / 32, q4_0: 18 bytes / 32)."""
-    per = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32, "f32": 4.0}
-    layers, kvh, hk = info.get("n_layer"), info.get("n_head_kv"), info.get("head_dim_k")
-    hv = info.get("head_dim_v") or hk
-    rows = []
-    for c in contexts:
-        for t in types:
-            rows.append({"context": c, "kv_type": t,
-                         "bytes": int(layers * kvh * (hk + hv) * per[t] * c) if layers and kvh and hk else math.nan})
-    return pd.DataFrame(rows)

@@ -55,8 +55,10 @@ class BenchSpec(_Strict):
     @classmethod
     def _masks(cls, v: list[str | None]) -> list[str | None]:
         import re
+
+        from .facts import MASK_NAMES
         for m in v:
-            if m is not None and m not in ("prime", "big", "little", "all") and not re.fullmatch(r"0x[0-9a-fA-F]+", m):
+            if m is not None and m not in MASK_NAMES and not re.fullmatch(r"0x[0-9a-fA-F]+", m):
                 raise ValueError(f"cpu mask {m!r}: give a hex mask (0xf0) or prime | big | little | all")
         return v
 
@@ -207,11 +209,10 @@ def load(path: Path) -> tuple[Recipe, str]:
     return r, hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def resolve_include(spec: str, recipe_path: Path) -> Path:
+def resolve_include(spec: str, recipe_dir: Path) -> Path:
+    """An lm-eval task folder named in a recipe: relative paths are relative to the recipe's folder."""
     p = Path(spec).expanduser()
-    if not p.is_absolute():
-        p = Path(recipe_path).resolve().parent / p
-    return p
+    return p if p.is_absolute() else Path(recipe_dir) / p
 
 
 def _check_eval_routes(r: Recipe, path: Path) -> None:
@@ -223,7 +224,7 @@ def _check_eval_routes(r: Recipe, path: Path) -> None:
             continue
         types: dict = {}
         if p.include:
-            inc = resolve_include(p.include, path)
+            inc = resolve_include(p.include, path.resolve().parent)
             if not inc.is_dir():
                 raise DevicelabError(f"{path}: payloads.{i}.include: {inc} is not a folder; give the folder of "
                                      "the lm-eval task YAMLs, relative to the recipe")

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from .models.gguf_info import kv_scale
 from .recipes import RecommendSpec
 
 DEFAULT_OVERHEAD = 64 * 1024**2   # used only when no peak RSS was measured for the model (and said so)
@@ -102,8 +103,7 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
         mbytes = int(first["model_bytes"])
         kvpt = _num(first["kv_bytes_per_token"])
         # kv_bytes_per_token is for F16 (2 bytes per element); quantized KV scales by ggml's block sizes
-        kv_scale = {"f16": 1.0, "q8_0": (34 / 32) / 2, "q4_0": (18 / 32) / 2}[spec.kv_cache_type]
-        kv = int(kvpt * spec.context * kv_scale) if kvpt else None
+        kv = int(kvpt * spec.context * kv_scale(spec.kv_cache_type)) if kvpt else None
         # runtime overhead from the bench cells: peak RSS − weights − KV at the bench's own context
         overheads = []
         for _, cg in g[g["payload"] == "bench"].groupby("cell_id"):

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .analysis import findings, roofline  # noqa: E402
+from .models.gguf_info import kv_scale  # noqa: E402
 from .recommend import recommend  # noqa: E402
 from .recipes import RecommendSpec  # noqa: E402
 from .tables import wide  # noqa: E402
@@ -183,9 +184,9 @@ def build(rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | 
                 continue
             per = float(g.kv_bytes_per_token.iloc[0])
             for ctx_len in sorted({2048, 8192, 32768, int(r.spec["context"])}):
-                kvrows.append({"model": m, "context": ctx_len, "F16 KV MiB": per * ctx_len / 1024**2,
-                               "q8_0 KV MiB": per * ctx_len * (34 / 32) / 2 / 1024**2,
-                               "q4_0 KV MiB": per * ctx_len * (18 / 32) / 2 / 1024**2})
+                kvrows.append({"model": m, "context": ctx_len,
+                               **{f"{t.upper() if t == 'f16' else t} KV MiB": per * ctx_len * kv_scale(t) / 1024**2
+                                  for t in ("f16", "q8_0", "q4_0")}})
         if kvrows:
             kv = pd.DataFrame(kvrows)
             parts.append("<p>KV cache by context (grows linearly; -ctk/-ctv quantize it):</p>")

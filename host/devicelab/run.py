@@ -35,7 +35,7 @@ from .proc import run_logged, tail
 from .schema import Row
 from .telemetry import normalize, sampler_csv, snapshots
 from .transports import open_transport
-from .transports.base import CommandResult, Transport
+from .transports.base import CommandResult, Transport, quote_argv
 
 PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code")
 
@@ -284,7 +284,6 @@ class Executor:
         argv = ["sh", f"{kit}/governor.sh", *args]
         out = t.run(argv, timeout=60).stdout.strip()
         if "permission denied" in out:
-            from .transports.base import quote_argv
             su = t.run(["su", "-c", quote_argv(argv)], timeout=60)
             if su.rc == 0 and su.stdout.strip():
                 out = su.stdout.strip()
@@ -559,7 +558,7 @@ class Executor:
 
     # ---------- lm-eval routes ----------
     def _include(self, P: dict) -> Path | None:
-        return recipes.resolve_include(P["include"], self.recipe_dir / "recipe.yaml") if P.get("include") else None
+        return recipes.resolve_include(P["include"], self.recipe_dir) if P.get("include") else None
 
     def host_eval(self, model: str, quant: str, P: dict) -> dict:
         """lm-eval log-likelihood tasks on the host through llama-cpp-python, once per (file, tasks, task
@@ -584,10 +583,11 @@ class Executor:
         res = lmeval.evaluate("host-loglikelihood", lm, P["lm_tasks"], include, P.get("limit"))
         keep = {k: res.get(k) for k in ("results", "configs", "n-samples", "versions")}
         keep["provenance"] = {**lm.provenance, **versions, "seconds": time.time() - t0}
+        text = json.dumps(keep, default=str)
         tmp = out.with_suffix(".part")
-        tmp.write_text(json.dumps(keep, default=str))
+        tmp.write_text(text)
         tmp.rename(out)
-        return json.loads(out.read_text())
+        return json.loads(text)              # the same shape as a cached result
 
     def _run_host_eval(self, dev: labmod.Device, facts: dict, c: Cell, run_id: str) -> None:
         from .payloads import lmeval
@@ -617,12 +617,10 @@ class Executor:
             return None
 
     def _payload_pid(self, t: Transport, remote_out: str) -> str | None:
-        for _ in range(50):
-            pids = t.read_text(posixpath.join(remote_out, "pids")) or ""
-            for kv in pids.split():
-                k, _, v = kv.partition("=")
-                if k == "payload" and v.isdigit():
-                    return v
+        for _ in range(50):                  # the runner writes its pids file right after starting
+            pid = _read_pids(t, remote_out).get("payload")
+            if pid:
+                return pid[0]
             time.sleep(0.1)
         return None
 
@@ -726,11 +724,20 @@ class Executor:
 
     def _kill_stale(self, t: Transport, prev_remote_out: str) -> None:
         """A previous attempt was cut off (host killed): stop what it left running on the device."""
-        pids = t.read_text(posixpath.join(prev_remote_out, "pids")) or ""
-        for kv in pids.split():
-            for pid in kv.partition("=")[2].split(","):
-                if pid.isdigit():
-                    t.run(["kill", pid])
+        for pids in _read_pids(t, prev_remote_out).values():
+            for pid in pids:
+                t.run(["kill", pid])
+
+
+def _read_pids(t: Transport, remote_out: str) -> dict[str, list[str]]:
+    """run_payload.sh's pids file ('runner=1 payload=2 sampler=3 spin=4,5'), by role."""
+    out: dict[str, list[str]] = {}
+    for kv in (t.read_text(posixpath.join(remote_out, "pids")) or "").split():
+        k, _, v = kv.partition("=")
+        ids = [p for p in v.split(",") if p.isdigit()]
+        if ids:
+            out[k] = ids
+    return out
 
 
 def _prometheus(url: str) -> dict[str, float]:

@@ -11,6 +11,15 @@ from pathlib import Path
 from ..errors import DevicelabError
 
 
+# bytes per KV-cache element for llama.cpp's -ctk/-ctv types (ggml block sizes: q8_0 34 B / 32, q4_0 18 B / 32)
+KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
+
+
+def kv_scale(kv_type: str) -> float:
+    """KV cache size of `kv_type` relative to F16 (kv_bytes_per_token is recorded for F16)."""
+    return KV_TYPE_BYTES[kv_type] / KV_TYPE_BYTES["f16"]
+
+
 @dataclass
 class ModelInfo:
     path: str
