@@ -3,7 +3,7 @@
   1. the sampler's own CPU cost (sampler.sh on this machine, payload = sleep) at 10 Hz and 50 Hz;
   2. instrumented vs bare llama-bench decode t/s (goal ≥ 0.99), alternating bare/instrumented runs.
 
-usage: python bench/overhead.py [--pairs 4] [--gen 64] [--reps 5] [--threads 1,2]
+usage: python bench/overhead.py [--pairs 4] [--gen 64] [--reps 5] [--threads 1,2] [--sampler-only]
 Uses the cached local build and the SmolLM2 q4_k_m from the quickstart's ladder (made if missing)."""
 
 from __future__ import annotations
@@ -23,19 +23,47 @@ from devicelab.models import store
 from devicelab.models.ladder import Ladder
 
 
-def sampler_cost(shell: list[str], interval_ms: int, seconds: float) -> tuple[float, float]:
-    """CPU seconds per wall second (fraction of one core) spent by sampler.sh and its children."""
+def phone_tree(root: str) -> str:
+    """A fixture sysfs the size of a phone's: one battery (7 counters), 40 thermal zones, 3 cpufreq
+    policies over 8 CPUs, one hwmon with 3 rails. Regular files, not sysfs: the kernel work behind a real
+    attribute read (a sensor on I2C, say) is not in this figure."""
+    def w(path, v):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write(f"{v}\n")
+    b = f"{root}/sys/class/power_supply/battery"
+    for k, v in (("type", "Battery"), ("status", "Discharging"), ("current_now", -412000), ("voltage_now", 3871000),
+                 ("capacity", 78), ("temp", 301), ("charge_counter", 2875000)):
+        w(f"{b}/{k}", v)
+    for i in range(40):
+        w(f"{root}/sys/class/thermal/thermal_zone{i}/type", f"zone{i}")
+        w(f"{root}/sys/class/thermal/thermal_zone{i}/temp", 35000 + 100 * i)
+    for pol, cpus in (("policy0", "0 1 2 3"), ("policy4", "4 5 6"), ("policy7", "7")):
+        for k, v in (("related_cpus", cpus), ("scaling_cur_freq", 1800000), ("cpuinfo_max_freq", 2400000)):
+            w(f"{root}/sys/devices/system/cpu/cpufreq/{pol}/{k}", v)
+    for ch in (1, 2, 3):
+        w(f"{root}/sys/class/hwmon/hwmon0/curr{ch}_input", 300 * ch)
+        w(f"{root}/sys/class/hwmon/hwmon0/in{ch}_input", 5000)
+    w(f"{root}/sys/class/hwmon/hwmon0/name", "ina3221")
+    return root
+
+
+def sampler_cost(shell: list[str], interval_ms: int, seconds: float, extra=()) -> tuple[float, float, str]:
+    """CPU seconds per wall second (fraction of one core) spent by sampler.sh and its children, the tick rate
+    it achieved, and how it paced itself ('# pace' line)."""
     with tempfile.TemporaryDirectory() as d:
         payload = subprocess.Popen(["sleep", str(seconds)])
         t0 = time.time()
         sp = subprocess.Popen([*shell, str(paths.device_payloads_dir() / "sampler.sh"), "-o", f"{d}/t.csv",
-                               "-p", str(payload.pid), "-i", str(interval_ms)])
+                               "-p", str(payload.pid), "-i", str(interval_ms), *extra])
         _, status, ru = os.wait4(sp.pid, 0)
         wall = time.time() - t0
         payload.wait()
-        ticks = sum(1 for l in open(f"{d}/t.csv") if l[:1].isdigit())
+        text = open(f"{d}/t.csv").read().splitlines()
+        ticks = sum(1 for l in text if l[:1].isdigit())
+        pace = next((l[len("# pace "):] for l in text if l.startswith("# pace ")), "?")
     cpu = ru.ru_utime + ru.ru_stime   # includes the waited-for children (the per-tick sleep)
-    return cpu / wall, ticks / wall
+    return cpu / wall, ticks / wall, pace
 
 
 def decode_tps(argv: list[str]) -> float:
@@ -56,16 +84,27 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--sampler-seconds", type=float, default=10)
+    ap.add_argument("--sampler-only", action="store_true", help="skip the llama-bench decode ratio")
     a = ap.parse_args()
 
     import shutil
-    for shell in (["dash"], ["busybox", "sh"], ["bash"]):
-        if not shutil.which(shell[0]):
-            continue
-        for hz in (10, 50):
-            frac, rate = sampler_cost(shell, 1000 // hz, a.sampler_seconds)
-            print(f"sampler cost under {' '.join(shell):10s} at {hz} Hz: {frac * 100:.2f}% of one core "
-                  f"(achieved {rate:.1f} ticks/s)")
+    # as deployed: started by `sh` (dash here), the sampler moves itself to a shell with `read -t`;
+    # then each shell kept with -S, dash's own `sleep`-per-tick pacing included (a device with no other shell)
+    runs = [("sh (as run_payload.sh starts it)", ["sh"], ()),
+            ("sh, shell reads (no awk)", ["env", "DEVICELAB_SAMPLER_NO_AWK=1", "sh"], ())] + [
+        (f"{' '.join(sh)} -S (stays)", sh, ("-S",)) for sh in (["dash"], ["busybox", "sh"], ["bash"])
+        if shutil.which(sh[0])]
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as fx:
+        trees = [("this machine's /sys", ()), ("phone-sized fixture tree", ("-R", phone_tree(fx)))]
+        for tree, root in trees:
+            print(f"-- {tree}")
+            for label, shell, extra in runs:
+                for hz in (10, 50):
+                    frac, rate, pace = sampler_cost(shell, 1000 // hz, a.sampler_seconds, (*extra, *root))
+                    print(f"sampler cost, {label:32s} at {hz} Hz: {frac * 100:.2f}% of one core "
+                          f"(achieved {rate:.1f} ticks/s; pace {pace})")
+    if a.sampler_only:
+        return
 
     src = source.resolve(None)
     b = cache.ensure(src, targets.local_native())

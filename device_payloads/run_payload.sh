@@ -31,14 +31,8 @@ else
   "$@" > "$fifo" 2> "$outdir/stderr.txt" &
 fi
 pid=$!
-# the sampler's shell: one that paces with `read -t` (no fork per tick) when the device has one
-sampler_sh=${DEVICELAB_SAMPLER_SHELL:-}
-if [ -z "$sampler_sh" ]; then
-  for s in bash mksh; do command -v "$s" >/dev/null 2>&1 && { sampler_sh=$s; break; }; done
-fi
-[ -z "$sampler_sh" ] && command -v busybox >/dev/null 2>&1 && sampler_sh="busybox sh"
-: "${sampler_sh:=sh}"
-$sampler_sh "$here/sampler.sh" -o "$outdir/telemetry.csv" -p "$pid" -i "$interval" -R "$root" &
+# the sampler moves itself to a shell that paces with `read -t` (no process per tick) when this one can't
+${DEVICELAB_SAMPLER_SHELL:-sh} "$here/sampler.sh" -o "$outdir/telemetry.csv" -p "$pid" -i "$interval" -R "$root" &
 spid=$!
 echo "runner=$$ payload=$pid sampler=$spid${spins:+ spin=}$(echo $spins | tr ' ' ',')" > "$outdir/pids"
 while IFS= read -r line; do

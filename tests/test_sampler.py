@@ -3,6 +3,7 @@ fixture sysfs trees whose counters a writer thread changes while it samples. The
 in for a phone's/board's sysfs (none exists here); the sampler, shells and normalizer are the real ones."""
 
 import math
+import os
 import shutil
 import subprocess
 import threading
@@ -77,25 +78,30 @@ class Writer(threading.Thread):
             time.sleep(0.005)
 
 
-def sample(shell, root: Path, out: Path, seconds=3.0, interval=100):
+def sample(shell, root: Path, out: Path, seconds=3.0, interval=100, stay=True, env=None):
+    """stay: -S, the sampler keeps the shell it was started in (else dash moves itself to busybox/bash)."""
     payload = subprocess.Popen(["sleep", str(seconds)])
     try:
         subprocess.run([*shell, str(SAMPLER), "-o", str(out), "-p", str(payload.pid), "-i", str(interval),
-                        "-R", str(root)], check=True, timeout=seconds + 20)
+                        "-R", str(root), *(["-S"] if stay else [])], check=True, timeout=seconds + 20, env=env)
     finally:
         payload.wait()
     return sampler_csv.parse(out.read_text())
 
 
+@pytest.mark.parametrize("reader", ["awk", "sh"])
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
-def test_energy_units_signs_and_wraparound(tmp_path, shell):
+def test_energy_units_signs_and_wraparound(tmp_path, shell, reader):
+    """reader: the files read by one long-lived awk (where the device has awk) or by the shell itself."""
     w = Writer(tmp_path / "root")
     w.start()
     try:
-        tr = sample(shell, tmp_path / "root", tmp_path / "t.csv")
+        tr = sample(shell, tmp_path / "root", tmp_path / "t.csv",
+                    env={**os.environ, **({"DEVICELAB_SAMPLER_NO_AWK": "1"} if reader == "sh" else {})})
     finally:
         w.stop.set()
         w.join()
+    assert tr.reader == reader
     df = tr.frame
     assert len(df) >= 20, "10 Hz for 3 s"
     assert tr.meta["sys/class/thermal/thermal_zone0"]["type"] == "cpu-thermal"
@@ -198,3 +204,99 @@ def test_calibration_picks_ma_for_a_milliamp_vendor():
     cc = pd.Series(3_000_000 - 450_000 * t / 3600)            # µAh falling at 450 mA
     cal = normalize.calibrate_current(t, raw, cc)
     assert cal["current_unit"] == "mA" and cal["current_sign"] == 1.0
+
+
+@pytest.mark.skipif(not shutil.which("dash"), reason="needs dash")
+def test_dash_moves_to_a_shell_with_read_t_and_paces_with_sleep_where_none(tmp_path):
+    """dash has no `read -t`: a `sleep` per tick costs ~1% of a core at 10 Hz, so the sampler re-runs itself
+    under busybox sh / mksh / bash when the device has one — and where it has none, still samples at the
+    rate with `sleep`, and says so in its '# pace' line."""
+    w = Writer(tmp_path / "root", rapl=False)
+    w.start()
+    try:
+        moved = sample(["dash"], tmp_path / "root", tmp_path / "moved.csv", seconds=2, stay=False)
+        stayed = sample(["dash"], tmp_path / "root", tmp_path / "stayed.csv", seconds=2, stay=True)
+        only = tmp_path / "only-dash"          # a device whose only shell is dash
+        only.mkdir()
+        for tool in ("dash", "sleep", "mkfifo", "rm", "getconf", "printf", "ps"):
+            if shutil.which(tool):
+                (only / tool).symlink_to(shutil.which(tool))
+        alone = sample([str(only / "dash")], tmp_path / "root", tmp_path / "alone.csv", seconds=2, stay=False,
+                       env={"PATH": str(only)})
+    finally:
+        w.stop.set()
+        w.join()
+    want = next((v for v in ("busybox", "mksh", "bash", "ksh") if shutil.which(v)), None)
+    if want:
+        assert (moved.pace, moved.pace_via) == ("readt", want)
+    assert (stayed.pace, stayed.pace_via) == ("sleep", "")
+    assert (alone.pace, alone.pace_via) == ("sleep", "")
+    assert alone.reader == "sh", "no awk on that device: the shell reads"
+    for tr in (moved, stayed, alone):
+        assert len(tr.frame) >= 12, "about 10 Hz for 2 s, whichever way it paces"
+        assert tr.frame["sys/class/power_supply/battery/current_now"].notna().all()
+
+
+def _awks():
+    """The awks this machine has (Debian's mawk, busybox's applet, gawk), each as a PATH dir whose `awk` is it."""
+    out = [("default", None)]
+    if shutil.which("busybox"):
+        out.append(("busybox-awk", "busybox"))
+    if shutil.which("gawk"):
+        out.append(("gawk", "gawk"))
+    return out
+
+
+@pytest.mark.parametrize("awk", _awks(), ids=lambda a: a[0])
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_slow_sources_once_a_second_and_at_the_end_clock_per_cluster(tmp_path, shell, awk):
+    """A phone has dozens of thermal zones: they are read every SLOW_MS (1 s) and at the last tick, their
+    cells empty between; counters every tick. CPU clocks are read once per cpufreq policy (a cluster) and
+    averaged over CPUs by the policy's related_cpus."""
+    root = tmp_path / "root"
+    for i in range(30):
+        z = root / f"sys/class/thermal/thermal_zone{i}"
+        z.mkdir(parents=True)
+        _write(z / "type", f"zone{i}")
+        _write(z / "temp", 30_000 + 100 * i)
+    for pol, cpus, khz in (("policy0", "0 1 2 3", 1_000_000), ("policy4", "4 5", 2_500_000)):
+        p = root / "sys/devices/system/cpu/cpufreq" / pol
+        p.mkdir(parents=True)
+        _write(p / "related_cpus", cpus)
+        _write(p / "scaling_cur_freq", khz)
+        _write(p / "cpuinfo_max_freq", 3_000_000)
+    hot = root / "sys/class/thermal/thermal_zone29/temp"
+    stop = threading.Event()
+
+    def heat():                      # the hottest zone climbs 20 °C a second
+        t0 = time.monotonic()
+        while not stop.is_set():
+            _write(hot, int(40_000 + 20_000 * (time.monotonic() - t0)))
+            time.sleep(0.01)
+    th = threading.Thread(target=heat, daemon=True)
+    th.start()
+    env = dict(os.environ)
+    if awk[1]:
+        (tmp_path / "bin").mkdir()
+        (tmp_path / "bin" / "awk").symlink_to(shutil.which(awk[1]))
+        env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
+    try:
+        tr = sample(shell, root, tmp_path / "t.csv", seconds=2.5, env=env)
+    finally:
+        stop.set()
+        th.join()
+    assert tr.reader == "awk"
+    df = tr.frame
+    assert tr.columns(normalize.FREQ_COLS) == ["sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq",
+                                               "sys/devices/system/cpu/cpufreq/policy4/scaling_cur_freq"]
+    assert df[tr.columns(normalize.FREQ_COLS)].notna().all().all(), "clocks every tick"
+    z = df["sys/class/thermal/thermal_zone29/temp"]
+    read = df.index[z.notna()].tolist()
+    assert read[0] == 0 and read[-1] == len(df) - 1, "first and last tick carry temperatures"
+    assert read[:-1] == list(range(0, len(df) - 1, 10)), "and every 10th tick between"
+    s = normalize.summarize(tr, [], None)
+    rows = {r.metric: r for r in s.rows}
+    assert rows["cpu_freq_mean"].value == pytest.approx((4 * 1.0e9 + 2 * 2.5e9) / 6)
+    assert s.temp_start_c == pytest.approx(40, abs=2)
+    # the end temperature is read at the last tick, not up to a second before it (the zone climbs 2 °C a tick)
+    assert s.temp_end_c == z.iloc[-1] / 1000 and z.iloc[-1] > z[read[-2]] + 1500

@@ -6,7 +6,7 @@ import posixpath
 
 from . import kit as kitmod
 from .lab import Device
-from .telemetry import sampler_csv
+from .telemetry import normalize, sampler_csv
 from .transports import open_transport
 
 
@@ -23,10 +23,12 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
         bat = [d for d, m in tr.meta.items() if m.get("kind") == "power_supply" and m.get("type", "").lower() == "battery"]
         res["battery (current, voltage, level)"] = (bool(bat), ", ".join(bat) if bat else
                                                     "no readable /sys/class/power_supply/*/ of type Battery")
-        z = has(r"sys/class/thermal/thermal_zone\d+/temp")
+        z = has(normalize.ZONE_COLS)
         res["thermal zones"] = (bool(z), f"{len(z)} zones" if z else "no readable /sys/class/thermal/thermal_zone*/temp")
-        f = has(r"sys/devices/system/cpu/cpu\d+/cpufreq/scaling_cur_freq")
-        res["CPU frequency"] = (bool(f), f"{len(f)} CPUs" if f else "no readable cpufreq/scaling_cur_freq")
+        f = has(normalize.FREQ_COLS)
+        pol = [c for c in f if "/policy" in c]
+        res["CPU frequency"] = (bool(f), (f"{len(pol)} cpufreq policies (clusters)" if pol else f"{len(f)} CPUs")
+                                if f else "no readable cpufreq/scaling_cur_freq")
         r = has(r"sys/class/powercap/(intel-rapl/)?intel-rapl:\d+/energy_uj")
         res["RAPL energy"] = (bool(r), ", ".join(r) if r else "no readable /sys/class/powercap/intel-rapl:*/energy_uj "
                                                                "(absent, or root-only since kernel 5.10)")
@@ -36,6 +38,10 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
         res["payload peak RSS (/proc/PID/status)"] = (st, "VmHWM/VmRSS" if st else "no /proc (macOS: not available)")
         res["sub-second clock"] = (tr.clock == "proc", "/proc/uptime" if tr.clock == "proc" else
                                    "none: times are reconstructed from the tick count")
+        res["sampler pacing without a process per tick"] = (
+            tr.pace == "readt", f"`read -t` under {tr.pace_via or 'sh'}" if tr.pace == "readt" else
+            "no shell with a fractional `read -t` (busybox, mksh, bash ≥ 4, ksh): one `sleep` per tick, "
+            "about 1% of a core at 10 Hz; install busybox to avoid it")
         for tool, label in (("dumpsys", "Android dumpsys battery/thermalservice"),
                             ("ioreg", "macOS ioreg AppleSmartBattery"), ("powermetrics", "macOS powermetrics")):
             ok = t.sh('command -v "$1" >/dev/null 2>&1', tool).rc == 0

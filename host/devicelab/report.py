@@ -21,7 +21,7 @@ from .models.gguf_info import kv_scale  # noqa: E402
 from .recommend import recommend  # noqa: E402
 from .recipes import RecommendSpec  # noqa: E402
 from .tables import wide  # noqa: E402
-from .telemetry import sampler_csv  # noqa: E402
+from .telemetry import normalize, sampler_csv  # noqa: E402
 
 
 def _png(fig) -> str:
@@ -115,14 +115,14 @@ def _trace_plots(rows: pd.DataFrame, artifacts: Path | None, limit: int = 12) ->
             ax.plot(t, df[rss[0]] / 1024, label="RSS (MiB)")
         ax.set(xlabel="s since cell start", ylabel="MiB")
         ax2 = None
-        temps = tr.columns(r"sys/class/thermal/thermal_zone\d+/temp")
-        freqs = tr.columns(r"sys/devices/system/cpu/cpu\d+/cpufreq/scaling_cur_freq")
+        hot, ghz = normalize.hottest_c(tr), normalize.cpu_freq_hz(tr) / 1e9
+        temps, freqs = hot.notna().any(), ghz.notna().any()
         if temps or freqs:
             ax2 = ax.twinx()
-            if temps:
-                ax2.plot(t, df[temps].max(axis=1) / 1000, "r-", label="hottest zone (°C)")
+            if temps:        # read once a second: plot the ticks that have it
+                ax2.plot(t[hot.notna()], hot.dropna(), "r-", label="hottest zone (°C)")
             if freqs:
-                ax2.plot(t, df[freqs].mean(axis=1) / 1e6, "g-", label="mean CPU GHz")
+                ax2.plot(t[ghz.notna()], ghz.dropna(), "g-", label="mean CPU GHz")
         note = "" if (temps or freqs) else " (no thermal zones / cpufreq on this device)"
         ax.set_title(f"{c.device} {c.model} {c.quant} {c.payload}{note}", fontsize=8)
         ax.grid(alpha=.3)

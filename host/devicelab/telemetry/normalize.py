@@ -36,6 +36,30 @@ class Summary:
     calibration: dict = field(default_factory=dict)
 
 
+ZONE_COLS = r"sys/class/thermal/thermal_zone\d+/temp"
+FREQ_COLS = r"sys/devices/system/cpu/(cpu\d+/cpufreq|cpufreq/policy\d+)/scaling_cur_freq"
+
+
+def hottest_c(tr: SamplerTrace) -> pd.Series:
+    """Per tick, the hottest thermal zone in °C; NaN on ticks between the sampler's slow reads."""
+    zones = tr.columns(ZONE_COLS)
+    if not zones:
+        return pd.Series(np.nan, index=tr.frame.index)
+    return tr.frame[zones].apply(lambda s: pd.to_numeric(s, errors="coerce").map(temp_to_c)).max(axis=1)
+
+
+def cpu_freq_hz(tr: SamplerTrace) -> pd.Series:
+    """Per tick, the mean CPU clock in Hz over all CPUs: a cpufreq policy column counts once per CPU it
+    clocks (its meta 'cpus=0,1,2,3'), a per-CPU column once."""
+    cols = tr.columns(FREQ_COLS)
+    if not cols:
+        return pd.Series(np.nan, index=tr.frame.index)
+    w = {c: max(1, len([x for x in tr.meta.get(c.rsplit("/", 1)[0], {}).get("cpus", "").split(",") if x]))
+         for c in cols}
+    total = sum(pd.to_numeric(tr.frame[c], errors="coerce") * 1e3 * w[c] for c in cols)   # kHz → Hz
+    return total / sum(w.values())
+
+
 def temp_to_c(v: float) -> float:
     """Thermal zones report m°C (Linux), some vendors °C or d°C."""
     a = abs(v)
@@ -147,6 +171,8 @@ def power_source(tr: SamplerTrace) -> tuple[str, np.ndarray, np.ndarray, dict] |
             continue
         pn, cn, vn = f"{d}/power_now", f"{d}/current_now", f"{d}/voltage_now"
         status = df.get(f"{d}/status")
+        if status is not None:       # a slow source: read once a second, empty between
+            status = status[status.astype(str) != ""]
         if cn in df and vn in df:
             raw = df[cn].astype(float)
             v_v = df[vn].astype(float).map(voltage_to_v)
@@ -189,11 +215,9 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
         rows.append(missing("peak_rss", "payload exited before the sampler's first read of /proc/PID/status"
                             if hwm else "sampler had no payload pid", phase="cell"))
     # ---- temperatures ----
-    zones = tr.columns(r"sys/class/thermal/thermal_zone\d+/temp")
+    hottest = hottest_c(tr).dropna()
     t_start = t_end = None
-    if zones and len(df):
-        temps = df[zones].astype(float).apply(lambda s: s.map(temp_to_c))
-        hottest = temps.max(axis=1)
+    if len(hottest):
         t_start, t_end = float(hottest.iloc[0]), float(hottest.iloc[-1])
         rows += [Row(metric="temp_start", value=t_start, phase="cell"),
                  Row(metric="temp_end", value=t_end, phase="cell"),
@@ -202,13 +226,11 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
         for m in ("temp_start", "temp_end", "temp_max"):
             rows.append(missing(m, "no thermal zone readable on this device", phase="cell"))
     # ---- CPU frequency ----
-    freqs = tr.columns(r"sys/devices/system/cpu/cpu\d+/cpufreq/scaling_cur_freq")
+    mean_t = cpu_freq_hz(tr).dropna()
     throttled = None
-    if freqs and len(df):
-        f = df[freqs].astype(float) * 1e3   # kHz → Hz
-        mean_t = f.mean(axis=1)
-        rows += [Row(metric="cpu_freq_mean", value=float(mean_t.mean()), phase="cell", n=len(f)),
-                 Row(metric="cpu_freq_min", value=float(mean_t.min()), phase="cell", n=len(f))]
+    if len(mean_t):
+        rows += [Row(metric="cpu_freq_mean", value=float(mean_t.mean()), phase="cell", n=len(mean_t)),
+                 Row(metric="cpu_freq_min", value=float(mean_t.min()), phase="cell", n=len(mean_t))]
         q = max(1, len(mean_t) // 4)
         throttled = bool(mean_t.iloc[-q:].mean() < 0.9 * mean_t.iloc[:q].mean())
     else:

@@ -15,6 +15,9 @@ class SamplerTrace:
     meta: dict = field(default_factory=dict)   # source path -> {k: v} (thermal type, rapl range, …)
     interval_s: float = 0.1
     clock: str = "proc"
+    pace: str = ""                      # "readt" (no process per tick) or "sleep"; "" = not recorded
+    pace_via: str = ""                  # the shell the sampler moved itself to for `read -t` ("" = the one started)
+    reader: str = ""                    # who read the files: "awk" (one long-lived process) or "sh"
 
     def columns(self, pattern: str) -> list[str]:
         rx = re.compile(pattern)
@@ -23,7 +26,7 @@ class SamplerTrace:
 
 def parse(text: str) -> SamplerTrace:
     meta: dict[str, dict] = {}
-    interval, clock = 0.1, "proc"
+    interval, clock, pace, via, reader = 0.1, "proc", "", "", ""
     body = []
     for line in text.splitlines():
         if line.startswith("# "):
@@ -36,6 +39,10 @@ def parse(text: str) -> SamplerTrace:
                         interval = int(p.split("=")[1]) / 1000
             elif parts[0] == "clock" and len(parts) > 1:
                 clock = parts[1]
+            elif parts[0] == "pace" and len(parts) > 1:
+                pace = parts[1]
+                kv = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
+                via, reader = kv.get("via", ""), kv.get("reader", "")
             elif len(parts) >= 2:
                 kv = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
                 kv["kind"] = parts[0]
@@ -44,7 +51,7 @@ def parse(text: str) -> SamplerTrace:
         elif line.strip():
             body.append(line)
     if not body:
-        return SamplerTrace(pd.DataFrame(columns=["tick", "t_s"]), meta, interval, clock)
+        return SamplerTrace(pd.DataFrame(columns=["tick", "t_s"]), meta, interval, clock, pace, via, reader)
     # a tick line may be cut short if the device was killed mid-write: drop rows of the wrong width
     ncol = body[0].count(",")
     body = [body[0]] + [l for l in body[1:] if l.count(",") == ncol]
@@ -58,4 +65,4 @@ def parse(text: str) -> SamplerTrace:
         col = df[c]
         num = pd.to_numeric(col, errors="coerce")
         out[c] = num if num.notna().sum() >= (col != "").sum() * 0.5 else col
-    return SamplerTrace(out, meta, interval, clock)
+    return SamplerTrace(out, meta, interval, clock, pace, via, reader)
