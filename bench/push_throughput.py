@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Prints push throughput over SSH on loopback, measured side by side in one run against a real sshd:
-devicelab's push (SSHTransport.put + remote sha256 verify) vs `scp` vs paramiko SFTP, and the time to
+devicelab's push (SSHTransport.put: the device's sha256 of what it wrote) vs `scp` (its default cipher,
+and the cipher devicelab picked) vs paramiko SFTP, both device-side hashing modes, and the time to
 re-push an unchanged file (goal ≈ 0 s). Goal: devicelab / scp ≥ 0.9.
 
 usage: python bench/push_throughput.py [--mib 256] [--rounds 3]"""
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sshd_peer import Sshd  # noqa: E402
 
 from devicelab import push  # noqa: E402
+from devicelab.transports import ssh as ssh_mod  # noqa: E402
 from devicelab.transports.ssh import SSHTransport  # noqa: E402
 
 
@@ -42,37 +44,70 @@ def main():
             t = SSHTransport("bench", "127.0.0.1", port=s.port, user="root", key_file=str(s.client_key),
                              known_hosts=str(s.known_hosts), workdir=str(d / "wd"))
             t.connect()
-            res = {"devicelab put": [], "devicelab push (put+verify)": [], "scp": [], "paramiko sftp": [],
-                   "paramiko channel (no OpenSSH)": []}
-            for i in range(a.rounds):
-                t0 = time.time(); t.put(f, str(d / "wd" / "a.bin")); res["devicelab put"].append(time.time() - t0)
+            ncpu, aes = t.device_cpu()
+            cipher = ssh_mod.OPENSSH_AES_FIRST.split(",")[0] if aes and ssh_mod.host_has_aes() else None
+            print(f"device: {ncpu} CPUs, AES {'yes' if aes else 'no'} → cipher "
+                  f"{cipher or 'OpenSSH default'}, hash {'while writing' if ncpu >= ssh_mod.HASH_WHILE_WRITING_MIN_CPUS else 'after writing'}")
+            wd = d / "wd"
+            scp = ["scp", "-q", "-P", str(s.port), "-i", str(s.client_key), "-o", f"UserKnownHostsFile={s.known_hosts}",
+                   "-o", "StrictHostKeyChecking=yes"]
+
+            def tee_mode():                    # the other hashing mode, same cipher
+                t._cpu = (ssh_mod.HASH_WHILE_WRITING_MIN_CPUS, aes)
+                try:
+                    t.put(f, str(wd / "x.bin"))
+                finally:
+                    t._cpu = None
+
+            def paramiko_only():
                 os.environ["DEVICELAB_NO_OPENSSH"] = "1"
-                t0 = time.time(); t.put(f, str(d / "wd" / "a2.bin"))
-                res["paramiko channel (no OpenSSH)"].append(time.time() - t0)
-                del os.environ["DEVICELAB_NO_OPENSSH"]
-                t0 = time.time()
+                try:
+                    t.put(f, str(wd / "x.bin"))
+                finally:
+                    del os.environ["DEVICELAB_NO_OPENSSH"]
+
+            def raw_exec():
                 with open(f, "rb") as fh:
-                    subprocess.run(t.openssh_argv() + [f"cat > {d}/wd/raw.bin"], stdin=fh, check=True)
-                res.setdefault("OpenSSH exec, no hashing", []).append(time.time() - t0)
-                t0 = time.time()
-                subprocess.run(["scp", "-q", "-P", str(s.port), "-i", str(s.client_key), "-o",
-                                f"UserKnownHostsFile={s.known_hosts}", "-o", "StrictHostKeyChecking=yes",
-                                str(f), f"root@127.0.0.1:{d}/wd/b.bin"], check=True)
-                res["scp"].append(time.time() - t0)
+                    subprocess.run(t.openssh_argv() + [f"cat > {wd}/x.bin"], stdin=fh, check=True)
+
+            def sftp_put():
                 sftp = t.client.open_sftp()
-                t0 = time.time(); sftp.put(str(f), str(d / "wd" / "c.bin")); res["paramiko sftp"].append(time.time() - t0)
+                sftp.put(str(f), str(wd / "x.bin"))
                 sftp.close()
-                for p in (d / "wd" / "cache").glob("*"):
-                    subprocess.run(["rm", "-rf", str(p)])
-                t0 = time.time(); push.ensure(t, f, sha, "blob.bin"); res["devicelab push (put+verify)"].append(time.time() - t0)
+
+            ops = {"devicelab put": lambda: t.put(f, str(wd / "x.bin")),
+                   "devicelab push (put+verify)": lambda: push.ensure(t, f, sha, "blob.bin"),
+                   "devicelab put, hash while writing (tee)": tee_mode,
+                   "paramiko channel (no OpenSSH)": paramiko_only,
+                   "OpenSSH exec, no hashing": raw_exec,
+                   "scp": lambda: subprocess.run(scp + [str(f), f"root@127.0.0.1:{wd}/x.bin"], check=True),
+                   "paramiko sftp": sftp_put}
+            if cipher:
+                ops[f"scp -c {cipher}"] = lambda: subprocess.run(scp + ["-c", cipher, str(f), f"root@127.0.0.1:{wd}/x.bin"],
+                                                                 check=True)
+            res: dict[str, list[float]] = {k: [] for k in ops}
+            names = list(ops)
+            for i in range(a.rounds):
+                for k in names[i % len(names):] + names[:i % len(names)]:     # rotate the order each round
+                    t0 = time.time()
+                    ops[k]()
+                    res[k].append(time.time() - t0)
+                    # drop what it wrote before its write-back can slow the next one down
+                    subprocess.run(["rm", "-rf", str(wd / "x.bin"), *map(str, (wd / "cache").glob("*"))])
+            push.ensure(t, f, sha, "blob.bin")
             t0 = time.time(); push.ensure(t, f, sha, "blob.bin"); again = time.time() - t0
             mbps = {k: a.mib / statistics.median(v) for k, v in res.items()}
             for k, v in mbps.items():
                 print(f"{k:28s} {v:7.1f} MiB/s (median of {a.rounds}, {a.mib} MiB)")
-            print(f"devicelab put (sha256 computed on the device while writing) / scp: "
+            print(f"devicelab put (device-side sha256 of what it wrote) / scp: "
                   f"{mbps['devicelab put'] / mbps['scp']:.2f} (goal ≥ 0.9); whole verified push incl. marker: "
                   f"{mbps['devicelab push (put+verify)'] / mbps['scp']:.2f}; paramiko-only fallback: "
                   f"{mbps['paramiko channel (no OpenSSH)'] / mbps['scp']:.2f}")
+            if cipher:
+                print(f"against scp given the same cipher (-c {cipher}): devicelab put / scp -c: "
+                      f"{mbps['devicelab put'] / mbps[f'scp -c {cipher}']:.2f}")
+            print(f"hashing while writing (tee, the mode for devices with ≥ {ssh_mod.HASH_WHILE_WRITING_MIN_CPUS} "
+                  f"CPUs) / scp: {mbps['devicelab put, hash while writing (tee)'] / mbps['scp']:.2f}")
             print(f"transfer alone (OpenSSH exec without the device-side sha256) / scp: "
                   f"{mbps['OpenSSH exec, no hashing'] / mbps['scp']:.2f} — on loopback the 'device' hashes on the "
                   "same 2 cores that encrypt and decrypt")

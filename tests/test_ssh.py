@@ -14,6 +14,7 @@ import pytest
 
 from devicelab import push
 from devicelab.errors import DevicelabError, RetryableError
+from devicelab.transports import ssh as ssh_mod
 from devicelab.transports.ssh import SSHTransport
 
 from conftest import REPO, check_forward, devicelab, echo_server
@@ -98,10 +99,11 @@ def test_hostile_arguments_stay_data(sshd, tmp_path):
     assert not marker.exists() and not Path("x").exists()
 
 
-@pytest.mark.parametrize("via", ["openssh", "paramiko"])
+@pytest.mark.parametrize("via", ["openssh", "openssh-tee", "paramiko"])
 def test_push_onto_a_full_disk_is_refused_not_cached(sshd, tmp_path, via, monkeypatch):
     """The board's storage is a 4 MiB tmpfs: tee writes a short file while the hash of the stream still
-    matches; the size check catches it and nothing is marked good."""
+    matches; the size check catches it and nothing is marked good. openssh: this 2-CPU peer hashes after
+    writing; openssh-tee: as a ≥ 3-CPU device would, while writing."""
     wd = tmp_path / "small"
     wd.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(wd)], capture_output=True).returncode:
@@ -114,6 +116,10 @@ def test_push_onto_a_full_disk_is_refused_not_cached(sshd, tmp_path, via, monkey
         sha = hashlib.sha256(big.read_bytes()).hexdigest()
         t = transport(sshd, workdir=str(wd))
         t.connect()
+        ncpu, aes = t.device_cpu()
+        assert ncpu == os.cpu_count() and aes == ssh_mod.host_has_aes(), "the peer is this machine"
+        if via == "openssh-tee":
+            t._cpu = (ssh_mod.HASH_WHILE_WRITING_MIN_CPUS, aes)
         with pytest.raises((DevicelabError, RetryableError), match="short|storage"):
             push.ensure(t, big, sha, "model.bin")
         assert not list(wd.rglob("*.ok"))
