@@ -36,12 +36,12 @@ done
 case $interval$slow_ms in ''|*[!0-9]*) echo "sampler: -i and -T take milliseconds" >&2; exit 2 ;; esac
 [ "$interval" -gt 0 ] || { echo "sampler: -i must be > 0 ms" >&2; exit 2; }
 # fractional `read -t` here? (dash: "Illegal option -t"; bash 3.2: "invalid timeout specification")
-readt_ok() { [ -z "$( { read -t 0.001 _x < /dev/null; } 2>&1 )" ]; }
-if [ -z "$stay" ] && [ -z "${DEVICELAB_SAMPLER_VIA:-}" ] && ! readt_ok; then
+readt_probe='{ read -t 0.001 _x < /dev/null; } 2>&1'       # prints nothing where it works
+if [ -z "$stay" ] && [ -z "${DEVICELAB_SAMPLER_VIA:-}" ] && [ -n "$(eval "$readt_probe")" ]; then
   for via in busybox mksh bash ksh; do
     command -v "$via" >/dev/null 2>&1 || continue
     sh_=$via; [ "$via" = busybox ] && sh_="busybox sh"
-    [ -z "$($sh_ -c '{ read -t 0.001 _x < /dev/null; } 2>&1' 2>&1)" ] || continue
+    [ -z "$($sh_ -c "$readt_probe" 2>&1)" ] || continue
     DEVICELAB_SAMPLER_VIA=$via; export DEVICELAB_SAMPLER_VIA
     exec $sh_ "$0" "$@"
   done
