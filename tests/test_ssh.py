@@ -99,11 +99,11 @@ def test_hostile_arguments_stay_data(sshd, tmp_path):
     assert not marker.exists() and not Path("x").exists()
 
 
-@pytest.mark.parametrize("via", ["openssh", "openssh-tee", "paramiko"])
+@pytest.mark.parametrize("via", ["openssh", "openssh-follow", "paramiko"])
 def test_push_onto_a_full_disk_is_refused_not_cached(sshd, tmp_path, via, monkeypatch):
-    """The board's storage is a 4 MiB tmpfs: tee writes a short file while the hash of the stream still
-    matches; the size check catches it and nothing is marked good. openssh: this 2-CPU peer hashes after
-    writing; openssh-tee: as a ≥ 3-CPU device would, while writing."""
+    """The board's storage is a 4 MiB tmpfs: the write stops short; the size check catches it, the user
+    is told to free space, and nothing is marked good. openssh: this 2-CPU peer hashes after writing;
+    openssh-follow: as a ≥ 3-CPU device would, while writing."""
     wd = tmp_path / "small"
     wd.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(wd)], capture_output=True).returncode:
@@ -118,7 +118,7 @@ def test_push_onto_a_full_disk_is_refused_not_cached(sshd, tmp_path, via, monkey
         t.connect()
         ncpu, aes = t.device_cpu()
         assert ncpu == os.cpu_count() and aes == ssh_mod.host_has_aes(), "the peer is this machine"
-        if via == "openssh-tee":
+        if via == "openssh-follow":
             t._cpu = (ssh_mod.HASH_WHILE_WRITING_MIN_CPUS, aes)
         with pytest.raises((DevicelabError, RetryableError), match="short|storage"):
             push.ensure(t, big, sha, "model.bin")
@@ -126,6 +126,39 @@ def test_push_onto_a_full_disk_is_refused_not_cached(sshd, tmp_path, via, monkey
         t.close()
     finally:
         subprocess.run(["umount", str(wd)])
+
+
+def test_big_pushes_share_one_openssh_connection_that_close_ends(sshd, tmp_path):
+    """Pushes over the system ssh client leave a master connection (ControlPersist) that the next push
+    reuses instead of a new key exchange; close() ends it and removes its socket folder."""
+    t = transport(sshd)
+    t.connect()
+    files = []
+    for i in range(2):
+        f = tmp_path / f"m{i}.bin"
+        f.write_bytes(os.urandom(ssh_mod.OPENSSH_MIN_BYTES + i))
+        files.append((f, hashlib.sha256(f.read_bytes()).hexdigest()))
+
+    def master() -> str:
+        check = [*t.openssh_argv(mux=False)[:-2], "-o", f"ControlPath={t._mux}/%C", "-O", "check", t.host]
+        p = subprocess.run(check, capture_output=True, text=True)
+        return p.stderr.strip() if p.returncode == 0 else ""
+
+    got = push.ensure(t, files[0][0], files[0][1], "m0.bin")
+    assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == files[0][1]
+    first = master()
+    assert first.startswith("Master running"), "the first big push left a master connection"
+    got = push.ensure(t, files[1][0], files[1][1], "m1.bin")
+    assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == files[1][1]
+    assert master() == first, "the second push reused the same master"
+    folder = t._mux
+    t.close()
+    assert not os.path.exists(folder)
+    pid = int(first.split("pid=")[1].rstrip(")"))
+    deadline = time.time() + 5
+    while time.time() < deadline and os.path.exists(f"/proc/{pid}"):
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "close() ended the master"
 
 
 def test_push_is_verified_cached_and_resumes_after_sshd_dies(sshd, tmp_path):

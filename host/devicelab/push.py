@@ -10,7 +10,7 @@ import posixpath
 from pathlib import Path
 
 from .errors import RetryableError
-from .transports.base import Transport
+from .transports.base import Commit, Transport
 
 
 def remote_path(t: Transport, sha: str, name: str) -> str:
@@ -24,24 +24,13 @@ def ensure(t: Transport, local: Path, sha: str, name: str | None = None, mode: s
     ok = dst + ".ok"
     if t.exists(ok):
         return dst
-    t.mkdir(posixpath.dirname(dst))
     part = dst + ".part"
     got = None
     for _ in range(attempts):
-        if hasattr(t, "put_verified"):
-            got = t.put_verified(Path(local), part) or t.sha256(part)   # hashed on the device while written
-        else:
-            t.put(Path(local), part)
-            got = t.sha256(part)
+        # sent, hashed on the device, and renamed + marked there once the hash matches
+        got = t.put_verified(Path(local), part, Commit(dst, ok, sha, mode))
         if got == sha:
-            break
-    else:
-        t.run(["rm", "-f", part])
-        raise RetryableError(f"push of {name} to {t.name} failed verification (sha256 {got} != {sha[:16]}…); "
-                             "check the link and the device's free storage, then run again")
-    # mode, rename and marker in one round trip (each costs tens of ms over a slow link)
-    r = t.sh('{ [ -z "$4" ] || chmod "$4" "$1"; } && mv -f "$1" "$2" && printf "%s\\n" "$5" > "$3"',
-             part, dst, ok, mode or "", sha)
-    if r.rc != 0:
-        raise RetryableError(f"could not finish push of {name} on {t.name}: {r.stderr.strip()}")
-    return dst
+            return dst
+    t.run(["rm", "-f", part])
+    raise RetryableError(f"push of {name} to {t.name} failed verification (sha256 {got} != {sha[:16]}…); "
+                         "check the link and the device's free storage, then run again")

@@ -6,12 +6,17 @@ files; plus the few things a measurement lab needs (background processes, sha256
 
 from __future__ import annotations
 
+import functools
+import posixpath
 import shlex
 from contextlib import contextmanager
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
+
+from .. import paths
+from ..errors import RetryableError
 
 
 @dataclass
@@ -31,6 +36,24 @@ class CommandResult:
 # (coreutils, toybox, busybox), else shasum (macOS without openssl)
 SHA256_STDIN = ("if command -v openssl >/dev/null 2>&1; then openssl dgst -sha256 -r; "
                 "elif command -v sha256sum >/dev/null 2>&1; then sha256sum; else shasum -a 256; fi")
+
+
+@functools.cache
+def put_script() -> str:
+    """device_payloads/put.sh (write, verify, commit a pushed file) without its comment lines: it travels
+    inline with every put, since it runs before any kit is on the device."""
+    text = (paths.device_payloads_dir() / "put.sh").read_text()
+    return "\n".join(ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")) + "\n"
+
+
+@dataclass
+class Commit:
+    """What to do with a put file once the device's sha256 of it equals `sha`: chmod `mode`, rename it
+    to `dst`, write `marker`."""
+    dst: str
+    marker: str
+    sha: str
+    mode: str | None = None
 
 
 def quote_argv(argv: Sequence[str]) -> str:
@@ -108,6 +131,21 @@ class Transport(ABC):
         if r.rc != 0 or not r.stdout.strip():
             return None
         return r.stdout.split()[0].lower()
+
+    def put_verified(self, local: Path, remote: str, commit: Commit | None = None) -> str | None:
+        """Send `local` to `remote` and return the sha256 the device computed of the file it wrote. With
+        `commit`, a file whose sha256 equals commit.sha is also made final on the device (mode, rename,
+        marker). Transports override this to do it all in one round trip."""
+        self.put(local, remote)
+        got = self.sha256(remote)
+        if commit is not None and got == commit.sha:
+            self.commit(remote, commit)
+        return got
+
+    def commit(self, remote: str, c: Commit) -> None:
+        r = self.sh(put_script(), "commit", remote, "-", c.sha, c.dst, c.marker, c.mode or "")
+        if r.rc != 0:
+            raise RetryableError(f"could not finish {posixpath.basename(c.dst)} on {self.name}: {r.stderr.strip()}")
 
     def read_text(self, remote: str) -> str | None:
         r = self.run(["cat", remote])

@@ -15,8 +15,10 @@ import select
 import shutil
 import subprocess
 import socket
+import tempfile
 import threading
 import time
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -24,18 +26,11 @@ from typing import Iterator, Sequence
 import paramiko
 
 from ..errors import DevicelabError, RetryableError
-from .base import SHA256_STDIN, CommandResult, Transport, quote_argv, shell_command
+from .base import CommandResult, Commit, Transport, put_script, quote_argv, shell_command
 
 CHUNK = 1 << 20
 OPENSSH_MIN_BYTES = 8 << 20    # larger pushes go through the system's OpenSSH client when it has one
-# write the stream to the file and hash it on the way: the push is verified without a second read
-# ($2 = the size sent: a full disk makes tee write a short file while the hash of the stream still matches)
-_TEE_SHA = ('tee "$1" | { ' + SHA256_STDIN + '; } && s=$(wc -c < "$1") && [ "$s" -eq "$2" ] '
-            '|| { echo "short write: ${s:-?} of $2 bytes" >&2; exit 28; }')
-# or write it, then hash it back from the page cache: on a device with few cores the concurrent hash
-# competes with sshd's decryption for the same cores (measured on 2 cores: 0.98 of scp's rate vs 0.66)
-_WRITE_THEN_SHA = ('cat > "$1" && s=$(wc -c < "$1") && [ "$s" -eq "$2" ] && { ' + SHA256_STDIN + '; } < "$1" '
-                   '|| { echo "short write: ${s:-?} of $2 bytes" >&2; exit 28; }')
+# device_payloads/put.sh hashes a big push after writing it, or while writing it on a device with this many CPUs
 HASH_WHILE_WRITING_MIN_CPUS = 3
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
 # for OpenSSH when both ends have AES instructions (x86 AES-NI, ARMv8 crypto extensions, Apple silicon):
@@ -99,6 +94,7 @@ class SSHTransport(Transport):
         self.client: paramiko.SSHClient | None = None
         self._jump: paramiko.SSHClient | None = None
         self._cpu: tuple[int, bool] | None = None
+        self._mux: str | None = None      # folder of the OpenSSH control socket, once a big push made one
 
     @classmethod
     def from_device(cls, d) -> "SSHTransport":
@@ -159,6 +155,9 @@ class SSHTransport(Transport):
             if c is not None:
                 c.close()
         self.client = self._jump = None
+        if self._mux is not None:
+            self._mux_finalizer()
+            self._mux = None
 
     def _session(self, timeout: float | None):
         if self.client is None:
@@ -277,46 +276,60 @@ class SSHTransport(Transport):
     def put(self, local: Path, remote: str) -> None:
         self.put_verified(local, remote)
 
-    def put_verified(self, local: Path, remote: str) -> str | None:
-        """Send a file and return the sha256 the device computed of what it wrote. Large files go through
-        the system's OpenSSH client when present — with the same host key check (StrictHostKeyChecking=yes
-        against the same known_hosts), AES-GCM first where both ends have AES instructions — since
-        paramiko's pure-Python packet path is CPU-bound at about half of scp's rate; the device hashes the
-        stream while writing it when it has cores to spare (≥ 3), else right after, from the page cache.
-        Small files: one paramiko channel with a large window, which beats paramiko's SFTP (it waits on
-        32 KiB requests)."""
-        self.mkdir(posixpath.dirname(remote))
+    def put_verified(self, local: Path, remote: str, commit: Commit | None = None) -> str | None:
+        """Send a file and return the sha256 the device computed of what it wrote; with `commit`, a match
+        is also made final there, in the same round trip (no separate mkdir, hash or rename commands:
+        each costs a round trip). Large files go through the system's OpenSSH client when present —
+        with the same host key check (StrictHostKeyChecking=yes against the same known_hosts), AES-GCM
+        first where both ends have AES instructions — since paramiko's pure-Python packet path is
+        CPU-bound at about half of scp's rate; the device hashes the file while it is written when it has
+        cores to spare (≥ 3), else right after, from the page cache. Small files: one paramiko channel
+        with a large window, which beats paramiko's SFTP (it waits on 32 KiB requests)."""
         size = os.path.getsize(local)
+        c = [commit.sha, commit.dst, commit.marker, commit.mode or ""] if commit else []
         if size >= OPENSSH_MIN_BYTES and shutil.which("ssh") and not os.environ.get("DEVICELAB_NO_OPENSSH"):
             ncpu, aes = self.device_cpu()
-            script = _TEE_SHA if ncpu >= HASH_WHILE_WRITING_MIN_CPUS else _WRITE_THEN_SHA
-            cmd = quote_argv(["sh", "-c", script, "devicelab", remote, str(size)])
+            how = "follow" if ncpu >= HASH_WHILE_WRITING_MIN_CPUS else "after"
+            cmd = quote_argv(["sh", "-c", put_script(), "devicelab", how, remote, str(size), *c])
             return self._put_openssh(local, cmd, ["-c", OPENSSH_AES_FIRST] if aes and host_has_aes() else [])
-        cmd = quote_argv(["sh", "-c", _TEE_SHA, "devicelab", remote, str(size)])
+        cmd = quote_argv(["sh", "-c", put_script(), "devicelab", "after", remote, str(size), *c])
         ch = self._session(None)
-        out = bytearray()
+        out, err = bytearray(), bytearray()
         try:
             ch.exec_command(cmd)
-            with open(local, "rb") as fh:
-                while b := fh.read(CHUNK):
-                    ch.sendall(b)
-                    while ch.recv_ready():
-                        out += ch.recv(CHUNK)
-            ch.shutdown_write()
+            try:
+                with open(local, "rb") as fh:
+                    while b := fh.read(CHUNK):
+                        ch.sendall(b)
+                        while ch.recv_ready():
+                            out += ch.recv(CHUNK)
+                ch.shutdown_write()
+            except OSError:
+                if not ch.exit_status_ready():    # the device script stopped reading (a full disk) and said why
+                    raise
             while True:
                 b = ch.recv(CHUNK)
                 if not b:
                     break
                 out += b
+            while ch.recv_stderr_ready():
+                err += ch.recv_stderr(CHUNK)
             rc = ch.recv_exit_status()
         except (socket.timeout, paramiko.SSHException, EOFError, OSError) as e:
             self.client = None
             raise RetryableError(f"push of {Path(local).name} to {self.name} broke off: {e}") from e
         finally:
             ch.close()
+        return self._put_result(local, rc, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def _put_result(self, local: Path, rc: int, out: str, err: str) -> str | None:
+        if rc == 28:
+            raise DevicelabError(f"push of {Path(local).name} to {self.name} wrote a short file ({err.strip()[:120]}); "
+                                 "free space on the device (its workdir's filesystem) and run again")
         if rc != 0:
-            raise RetryableError(f"push of {Path(local).name} to {self.name} failed (exit {rc}); is the device's storage full?")
-        return out.decode(errors="replace").split()[0].lower() if out.strip() else None
+            raise RetryableError(f"push of {Path(local).name} to {self.name} failed (exit {rc}: {err.strip()[:160]}); "
+                                 "is the device's storage full or the link down?")
+        return out.split()[0].lower() if out.strip() else None
 
     def device_cpu(self) -> tuple[int, bool]:
         """(online CPUs, AES instructions) of the device, asked once: they choose how a big push is hashed
@@ -326,10 +339,15 @@ class SSHTransport(Transport):
             self._cpu = (int(out[0]) if out and out[0].isdigit() else 1, len(out) > 1 and out[1] == "1")
         return self._cpu
 
-    def openssh_argv(self, extra: Sequence[str] = ()) -> list[str]:
+    def openssh_argv(self, extra: Sequence[str] = (), mux: bool = True) -> list[str]:
+        """The system ssh client's command line for this device. With `mux`, the first call leaves a
+        master connection (ControlPersist) that later pushes reuse, like paramiko's: each push then
+        skips the key exchange and authentication (~0.25 s on this VM's loopback); close() ends it."""
         a = ["ssh", "-p", str(self.port), "-l", self.user, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
              "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
              "-o", f"ConnectTimeout={int(self.timeout)}", "-o", "Compression=no", *extra]
+        if mux and not os.environ.get("DEVICELAB_NO_SSH_MUX"):
+            a += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._mux_dir()}/%C", "-o", "ControlPersist=120"]
         if self.ssh_config:
             a += ["-F", self.ssh_config]
         for k in self.key_files:
@@ -338,16 +356,20 @@ class SSHTransport(Transport):
             a += ["-J", self.proxy_jump]
         return a + [self.host, "--"]
 
+    def _mux_dir(self) -> str:
+        if self._mux is None:
+            # a private folder; under /tmp, since a socket path may not exceed 104 bytes (macOS's $TMPDIR is long)
+            self._mux = tempfile.mkdtemp(prefix="dl-ssh-", dir="/tmp" if os.path.isdir("/tmp") else None)
+            stop = [*self.openssh_argv(mux=False)[:-2], "-o", f"ControlPath={self._mux}/%C", "-O", "exit", self.host]
+            self._mux_finalizer = weakref.finalize(self, _stop_mux, stop, self._mux)
+        return self._mux
+
     def _put_openssh(self, local: Path, cmd: str, extra: Sequence[str] = ()) -> str | None:
         with open(local, "rb") as fh:
             p = subprocess.run(self.openssh_argv(extra) + [cmd], stdin=fh, capture_output=True, text=True)
-        if p.returncode == 28:
-            raise DevicelabError(f"push of {Path(local).name} to {self.name} wrote a short file ({p.stderr.strip()[:120]}); "
-                                 "free space on the device (its workdir's filesystem) and run again")
-        if p.returncode != 0:
-            raise RetryableError(f"push of {Path(local).name} to {self.name} broke off (ssh exit {p.returncode}: "
-                                 f"{p.stderr.strip()[:160]})")
-        return p.stdout.split()[0].lower() if p.stdout.strip() else None
+        if p.returncode == 255:           # ssh's own failure (connection, auth), not the device script's
+            raise RetryableError(f"push of {Path(local).name} to {self.name} broke off (ssh: {p.stderr.strip()[:160]})")
+        return self._put_result(local, p.returncode, p.stdout, p.stderr)
 
     def get(self, remote: str, local: Path) -> None:
         ch = self._session(None)
@@ -379,6 +401,16 @@ class SSHTransport(Transport):
             home = r.stdout.strip() or "/tmp"
             self._workdir = posixpath.join(home, ".cache", "devicelab-device")
         return self._workdir
+
+
+def _stop_mux(argv: list[str], folder: str) -> None:
+    """End a transport's OpenSSH master connection (if one was started) and remove its socket folder."""
+    if any(Path(folder).iterdir()):
+        try:
+            subprocess.run(argv, capture_output=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def scan_host_key(host: str, port: int, timeout: float = 10.0) -> paramiko.PKey:
