@@ -17,12 +17,23 @@ rm -f "$fifo"; mkfifo "$fifo" || exit 125
 # optional resource conditions, recorded by the host in the cell's provenance:
 #   DEVICELAB_CGROUP=DIR     run the payload inside this cgroup (CPU quota; made by cgroup.sh)
 #   DEVICELAB_CONTENTION=N   N busy-looping shells co-run with the payload
+#   DEVICELAB_POWERMETRICS=root|sudo   macOS: powermetrics (the SoC's CPU/GPU/ANE energy, thermal pressure,
+#                            cluster clocks) beside the payload into powermetrics.plist, as root or by `sudo -n`
 spins=""
 n=${DEVICELAB_CONTENTION:-0}
 while [ "$n" -gt 0 ]; do
   sh -c 'while :; do :; done' & spins="$spins $!"
   n=$((n - 1))
 done
+pm=""
+case ${DEVICELAB_POWERMETRICS:-} in
+  root|sudo)
+    pmi=$interval; [ "$pmi" -lt 100 ] && pmi=100
+    asroot=""; [ "$DEVICELAB_POWERMETRICS" = sudo ] && asroot="sudo -n"
+    $asroot powermetrics -i "$pmi" -b 1 -f plist -s cpu_power,gpu_power,thermal -o "$outdir/powermetrics.plist" \
+      > /dev/null 2> "$outdir/powermetrics.err" &
+    pm=$! ;;
+esac
 { echo "start_s=$(now)"; echo "start_epoch=$(date +%s)"; } > "$outdir/clock"
 if [ -n "${DEVICELAB_CGROUP:-}" ]; then
   procs="$DEVICELAB_CGROUP/cgroup.procs"; [ -e "$procs" ] || procs="$DEVICELAB_CGROUP/tasks"
@@ -34,7 +45,7 @@ pid=$!
 # the sampler moves itself to a shell that paces with `read -t` (no process per tick) when this one can't
 ${DEVICELAB_SAMPLER_SHELL:-sh} "$here/sampler.sh" -o "$outdir/telemetry.csv" -p "$pid" -i "$interval" -R "$root" &
 spid=$!
-echo "runner=$$ payload=$pid sampler=$spid${spins:+ spin=}$(echo $spins | tr ' ' ',')" > "$outdir/pids"
+echo "runner=$$ payload=$pid sampler=$spid${spins:+ spin=}$(echo $spins | tr ' ' ',')${pm:+ powermetrics=$pm}" > "$outdir/pids"
 while IFS= read -r line; do
   up=""; { read -r up _ < /proc/uptime; } 2>/dev/null
   printf '%s\t%s\n' "$up" "$line"
@@ -42,6 +53,13 @@ done < "$fifo" > "$outdir/stdout.tsv"
 wait "$pid"; rc=$?
 [ -n "$spins" ] && kill $spins 2>/dev/null
 wait "$spid" 2>/dev/null
+# SIGTERM (a background job of this shell ignores SIGINT; sudo passes TERM on); line-buffered output
+# leaves at most the sample in progress torn, which the host's parser skips
+if [ -n "$pm" ]; then
+  kill "$pm" 2>/dev/null
+  n=0; while kill -0 "$pm" 2>/dev/null && [ "$n" -lt 50 ]; do sleep 0.1; n=$((n + 1)); done
+  kill -9 "$pm" 2>/dev/null; wait "$pm" 2>/dev/null
+fi
 { echo "end_s=$(now)"; echo "end_epoch=$(date +%s)"; } >> "$outdir/clock"
 echo "$rc" > "$outdir/exit_code"
 rm -f "$fifo"

@@ -6,7 +6,7 @@ import posixpath
 
 from . import kit as kitmod
 from .lab import Device
-from .telemetry import normalize, sampler_csv
+from .telemetry import normalize, sampler_csv, snapshots
 from .transports import open_transport
 
 
@@ -43,9 +43,14 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
             "no shell with a fractional `read -t` (busybox, mksh, bash ≥ 4, ksh): one `sleep` per tick, "
             "about 1% of a core at 10 Hz; install busybox to avoid it")
         for tool, label in (("dumpsys", "Android dumpsys battery/thermalservice"),
-                            ("ioreg", "macOS ioreg AppleSmartBattery"), ("powermetrics", "macOS powermetrics")):
+                            ("ioreg", "macOS ioreg AppleSmartBattery")):
             ok = t.sh('command -v "$1" >/dev/null 2>&1', tool).rc == 0
             res[label] = (ok, "present" if ok else "not on this device")
+        pm = snapshots.powermetrics_access(t)
+        has_pm = t.sh("command -v powermetrics >/dev/null 2>&1").rc == 0
+        res["macOS powermetrics (SoC energy, thermal pressure)"] = (
+            bool(pm), f"runs as {pm}" if pm else "present but needs root: allow it with a sudoers rule "
+            "(NOPASSWD: /usr/bin/powermetrics) for the SSH user" if has_pm else "not on this device")
         return res
     finally:
         t.close()

@@ -33,11 +33,11 @@ from .payloads import perplexity as pplp
 from .plan import Cell, expand
 from .proc import run_logged, tail
 from .schema import Row
-from .telemetry import normalize, sampler_csv, snapshots
+from .telemetry import normalize, parsers, sampler_csv, snapshots
 from .transports import open_transport
 from .transports.base import CommandResult, Transport, quote_argv
 
-PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code")
+PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code", "powermetrics.plist")
 
 
 class SkipCell(Exception):
@@ -249,6 +249,11 @@ class Executor:
                 build = buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
             baseline = self._hottest(t, kit, dev)
             self._snap_tools = snapshots.available(t)
+            # macOS: the SoC's energy model (CPU/GPU/ANE) beside each payload, where the user may run it
+            self._powermetrics = snapshots.powermetrics_access(t) if "ioreg" in self._snap_tools else ""
+            if "ioreg" in self._snap_tools and not self._powermetrics:
+                self.ev.stage(f"note: {dev.name} has no power figures without powermetrics, which needs root: allow "
+                              "it with a sudoers rule (NOPASSWD: /usr/bin/powermetrics) for the SSH user")
             self._governor = self._pin_governor(t, kit, dev) if dev.governor else None
             for c in cells:
                 self.ev.cell_start(c)
@@ -435,6 +440,8 @@ class Executor:
                 raise SkipCell(out)
             cgroup = out.split(" ", 1)[1]
             env["DEVICELAB_CGROUP"] = cgroup
+        if getattr(self, "_powermetrics", ""):
+            env["DEVICELAB_POWERMETRICS"] = self._powermetrics
         waited = self._cooldown(t, kit, dev, baseline)
         base_remote = posixpath.join(t.workdir(), "cells", c.cell_id, f"attempt-{attempt}")
         local_base = self.ledger.artifacts_dir / c.cell_id / f"attempt-{attempt}"
@@ -511,7 +518,8 @@ class Executor:
             from .payloads import evals
             plain = "\n".join(l.split("\t", 1)[1] if "\t" in l else l for l in stdout.splitlines())
             rows += evals.parse_device_mc(plain + "\n" + stderr, c.params)
-        summ = normalize.summarize(trace, phases, cell_window)
+        pmf = local_base / "powermetrics.plist"
+        summ = normalize.summarize(trace, phases, cell_window, parsers.powermetrics(pmf.read_bytes()) if pmf.exists() else None)
         rows += summ.rows + snap_rows
         ts0 = snap_start.get("dumpsys-thermalservice", {}).get("thermal_status")
         ts1 = snap_end.get("dumpsys-thermalservice", {}).get("thermal_status")

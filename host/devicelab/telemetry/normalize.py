@@ -201,7 +201,11 @@ def power_source(tr: SamplerTrace) -> tuple[str, np.ndarray, np.ndarray, dict] |
     return None
 
 
-def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, float] | None) -> Summary:
+def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, float] | None,
+              pm: list[dict] | None = None) -> Summary:
+    """Rows of one cell from the sampler's trace; `pm`: macOS powermetrics samples (parsers.powermetrics)
+    taken beside the payload for its whole life, which supply the energy, clock and thermal pressure
+    where there is no sysfs."""
     df = tr.frame
     rows: list[Row] = []
     # ---- peak RSS ----
@@ -227,6 +231,8 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
             rows.append(missing(m, "no thermal zone readable on this device", phase="cell"))
     # ---- CPU frequency ----
     mean_t = cpu_freq_hz(tr).dropna()
+    if not len(mean_t) and pm:
+        mean_t = pd.Series([float(np.mean(list(x["cluster_hz"].values()))) for x in pm if x["cluster_hz"]], dtype=float)
     throttled = None
     if len(mean_t):
         rows += [Row(metric="cpu_freq_mean", value=float(mean_t.mean()), phase="cell", n=len(mean_t)),
@@ -236,8 +242,26 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
     else:
         rows += [missing("cpu_freq_mean", "no cpufreq readable on this device", phase="cell"),
                  missing("cpu_freq_min", "no cpufreq readable on this device", phase="cell")]
-    # ---- energy ----
+    # ---- macOS powermetrics: thermal pressure, and the SoC's energy when the sampler has no source ----
+    pm = pm or []
+    tp = [x["thermal_pressure"] for x in pm if x["thermal_pressure"] is not None]
+    if tp:
+        rows.append(Row(metric="thermal_status", value=float(max(tp)), phase="cell", test="powermetrics thermal_pressure"))
+        if max(tp) > tp[0]:
+            throttled = True
     src = power_source(tr)
+    pm_e = [x for x in pm if x["energy_j"] is not None]
+    if src is None and pm_e:
+        e, dur = sum(x["energy_j"] for x in pm_e), sum(x["elapsed_s"] for x in pm_e)
+        how = sorted({x["energy_from"] for x in pm_e})
+        rows += [Row(metric="energy", value=e, phase="cell", test="powermetrics", n=len(pm_e)),
+                 Row(metric="power_mean", value=e / dur, phase="cell", test="powermetrics", n=len(pm_e))]
+        for ph in phases:     # phases need the device's clock, which a Mac lacks (no /proc/uptime)
+            rows.append(missing("energy", "powermetrics gives the whole cell only: no sub-second device clock to place "
+                                "phases on", phase=ph.kind, test=ph.name))
+        return Summary(rows, t_start, t_end, throttled, {"source": "powermetrics", "energy_from": ",".join(how),
+                                                         "samples": len(pm_e)})
+    # ---- energy ----
     calib = {}
     all_phases = list(phases)
     if cell_window:

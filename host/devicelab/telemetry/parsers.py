@@ -112,3 +112,50 @@ def dumpsys_power(text: str) -> dict:
     elif d:
         on = d.group(1) == "ON"
     return {"screen_on": float(on) if on is not None else None}
+
+
+THERMAL_PRESSURE = {"nominal": 0, "light": 1, "moderate": 2, "heavy": 3, "trapping": 4, "sleeping": 4, "critical": 4}
+
+
+def powermetrics(raw: bytes) -> list[dict]:
+    """macOS `powermetrics -f plist -s cpu_power,gpu_power,thermal` (Apple silicon): one plist per sample,
+    samples separated by NUL bytes. Per sample: its length (elapsed_ns), the SoC energy model's CPU, GPU
+    and ANE energy over it (processor.cpu_energy / gpu_energy / ane_energy, mJ; the GPU's may sit in the
+    gpu dict) or, without those, combined_power (mW) × length; thermal_pressure; each CPU cluster's
+    clock (freq_hz). A sample cut off by the stop (the last, half-written) is skipped."""
+    import plistlib
+
+    out = []
+    for chunk in raw.split(b"\0"):
+        chunk = chunk.strip()
+        if not chunk:
+            continue
+        try:
+            d = plistlib.loads(chunk)
+        except Exception:          # noqa: BLE001 - plistlib raises several types for a torn document
+            continue
+        proc, gpu = d.get("processor") or {}, d.get("gpu") or {}
+        dt = d.get("elapsed_ns")
+        if not isinstance(dt, (int, float)) or dt <= 0:
+            continue
+        dt = dt / 1e9
+        parts = {k: proc.get(f"{k}_energy", gpu.get(f"{k}_energy") if k == "gpu" else None) for k in ("cpu", "gpu", "ane")}
+        if any(isinstance(v, (int, float)) for v in parts.values()):
+            energy = sum(float(v) for v in parts.values() if isinstance(v, (int, float))) / 1e3
+            how = "energy"
+        elif isinstance(proc.get("combined_power"), (int, float)):
+            energy = float(proc["combined_power"]) / 1e3 * dt
+            how = "combined_power"
+        else:
+            energy, how = None, None
+        tp = d.get("thermal_pressure")
+        out.append({
+            "elapsed_s": dt, "energy_j": energy, "energy_from": how,
+            "cpu_j": parts["cpu"] / 1e3 if isinstance(parts["cpu"], (int, float)) else None,
+            "gpu_j": parts["gpu"] / 1e3 if isinstance(parts["gpu"], (int, float)) else None,
+            "ane_j": parts["ane"] / 1e3 if isinstance(parts["ane"], (int, float)) else None,
+            "thermal_pressure": THERMAL_PRESSURE.get(str(tp).lower()) if tp is not None else None,
+            "cluster_hz": {c.get("name", str(i)): float(c["freq_hz"]) for i, c in enumerate(proc.get("clusters") or [])
+                           if isinstance(c, dict) and isinstance(c.get("freq_hz"), (int, float))},
+        })
+    return out

@@ -29,6 +29,15 @@ def available(t: Transport) -> set[str]:
     return set(r.stdout.split())
 
 
+def powermetrics_access(t: Transport) -> str:
+    """How this Mac lets the SSH user run powermetrics (it needs root): 'root', 'sudo' (a NOPASSWD sudoers
+    rule for it: `sudo -n -l` says so without running it), or '' (not available: no SoC energy figures)."""
+    r = t.sh('command -v powermetrics >/dev/null 2>&1 || exit 0; '
+             'if [ "$(id -u)" = 0 ]; then echo root; elif sudo -n -l powermetrics >/dev/null 2>&1; then echo sudo; fi')
+    out = r.stdout.strip()
+    return out if out in ("root", "sudo") else ""
+
+
 def take(t: Transport, tools: set[str], when: str, artifacts: Path) -> tuple[list[Row], dict]:
     rows, parsed = [], {}
     for name, argv, parse, needs in SOURCES:
