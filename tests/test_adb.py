@@ -55,6 +55,21 @@ def test_shell_v2_exit_codes_stderr_and_getprop(adb, tmp_path):
     peer.kill()
 
 
+def test_pull_of_a_missing_file_fails_and_leaves_nothing(adb, tmp_path):
+    """adbutils' sync.pull takes a path that does not exist for a folder and 'pulls' it as an empty one;
+    the transport's get refuses it as a missing file (an optional artifact, e.g. powermetrics.plist)."""
+    peer = make_peer(tmp_path, adb)
+    t = transport(adb, peer, tmp_path)
+    t.connect()
+    with pytest.raises(OSError, match="not a file"):
+        t.get(str(tmp_path / "no-such-file"), tmp_path / "got")
+    assert not (tmp_path / "got").exists() and not (tmp_path / "got.part").exists()
+    (tmp_path / "there").write_bytes(b"x" * 100_000)
+    t.get(str(tmp_path / "there"), tmp_path / "got")
+    assert (tmp_path / "got").read_bytes() == b"x" * 100_000
+    peer.kill()
+
+
 def test_port_forward_through_the_adb_server(adb, tmp_path):
     """adb forward tcp:L tcp:R (the llama-server eval route): the real adb server opens the peer's tcp:
     service, which connects to the port on the 'phone' (this machine's loopback); removed afterwards."""

@@ -519,7 +519,7 @@ class Executor:
             plain = "\n".join(l.split("\t", 1)[1] if "\t" in l else l for l in stdout.splitlines())
             rows += evals.parse_device_mc(plain + "\n" + stderr, c.params)
         pmf = local_base / "powermetrics.plist"
-        summ = normalize.summarize(trace, phases, cell_window, parsers.powermetrics(pmf.read_bytes()) if pmf.exists() else None)
+        summ = normalize.summarize(trace, phases, cell_window, parsers.powermetrics(pmf.read_bytes()) if pmf.is_file() else None)
         rows += summ.rows + snap_rows
         ts0 = snap_start.get("dumpsys-thermalservice", {}).get("thermal_status")
         ts1 = snap_end.get("dumpsys-thermalservice", {}).get("thermal_status")

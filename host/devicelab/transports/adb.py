@@ -11,6 +11,7 @@ import os
 import posixpath
 import re
 import shutil
+import stat
 import subprocess
 from contextlib import contextmanager
 import time
@@ -164,7 +165,10 @@ class ADBTransport(Transport):
         Path(local).parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(str(local) + ".part")
         try:
-            self._d().sync.pull(remote, str(tmp))
+            # (sync.pull of a path that does not exist pulls it as an empty folder: stat it first)
+            if not stat.S_ISREG(self._d().sync.stat(remote).mode):
+                raise OSError(f"{remote} is not a file")
+            self._d().sync.pull_file(remote, str(tmp))
         except (AdbError, OSError, EOFError) as e:
             tmp.unlink(missing_ok=True)
             raise OSError(f"pull of {remote} from {self.name} failed: {e}") from e
