@@ -386,3 +386,43 @@ def test_ssh_config_alias_and_proxyjump(sshd, tmp_path):
     assert t.run(["echo", "via jump"]).stdout == "via jump\n"
     assert t._jump is not None
     t.close()
+
+
+def test_key_from_ssh_agent(sshd, tmp_path, monkeypatch):
+    """No key_file, no key in ~/.ssh: paramiko's commands and the system ssh client's big push both
+    authenticate with the key a real ssh-agent holds; without the agent it is the one-line refusal."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))          # no ~/.ssh/id_* nor ~/.ssh/config for paramiko
+    import pwd
+    if any((Path(pwd.getpwuid(os.getuid()).pw_dir) / ".ssh").glob("id_*")):
+        pytest.skip("this user has keys in ~/.ssh that the system ssh client (which ignores $HOME) would offer")
+    sock = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 5
+        while not sock.exists() and time.time() < deadline:
+            time.sleep(0.02)
+        env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
+        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], env=env, check=True, capture_output=True)
+
+        monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+        t = transport(sshd, key_file=None)
+        assert t.key_files == []
+        with pytest.raises(DevicelabError, match="authentication .* failed: no key to offer; set key_file"):
+            t.run(["true"])
+        t.close()
+
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        t = transport(sshd, key_file=None)
+        assert t.run(["echo", "agent"]).stdout == "agent\n"
+        f = tmp_path / "big.bin"
+        f.write_bytes(os.urandom(ssh_mod.OPENSSH_MIN_BYTES + 1))
+        digest = hashlib.sha256(f.read_bytes()).hexdigest()
+        got = push.ensure(t, f, digest, "big.bin")
+        assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == digest
+        assert t._mux is not None, "the push went through the system ssh client"
+        t.close()
+    finally:
+        agent.kill()
+        agent.wait()

@@ -143,6 +143,9 @@ class SSHTransport(Transport):
             if isinstance(e, paramiko.AuthenticationException):
                 raise DevicelabError(f"ssh authentication to {self.user}@{entry} failed; set key_file in the lab "
                                      "file or load the key into ssh-agent") from e
+            if "No authentication methods available" in str(e):   # no key file, none in ~/.ssh, no agent
+                raise DevicelabError(f"ssh authentication to {self.user}@{entry} failed: no key to offer; set key_file "
+                                     "in the lab file or load the key into ssh-agent") from e
             raise RetryableError(f"ssh to {entry} ({self.name}) failed: {e}") from e
         except (OSError, EOFError, socket.timeout) as e:
             raise RetryableError(f"cannot reach {entry} ({self.name}): {e}; is the device on and sshd running?") from e
