@@ -63,6 +63,8 @@ slow=""       # slowly changing sources (temperatures, level, status), read ever
 add() { for f in "$@"; do [ -r "$f" ] && files="$files $f"; done; }
 adds() { for f in "$@"; do [ -r "$f" ] && slow="$slow $f"; done; }
 meta() { printf '# %s\n' "$*"; }
+# a rail label as one word ("POM 5V IN" -> POM_5V_IN): meta lines are split on blanks
+word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_r#* } ;; *) l="$_o$_r"; return ;; esac; done; }
 
 {
   meta "devicelab-sampler v1 interval_ms=$interval slow_interval_ms=$((slow_every * interval)) root=${root:-/} pid=${pid:--}"
@@ -100,9 +102,19 @@ meta() { printf '# %s\n' "$*"; }
     meta "hwmon ${h#"$root"/} name=$n"
     for f in "$h"/power*_input "$h"/energy*_input "$h"/curr*_input "$h"/in*_input "$h"/temp*_input; do
       [ -r "$f" ] || continue
-      l=""; { read -r l < "${f%_input}_label"; } 2>/dev/null
+      l=""; { read -r l < "${f%_input}_label"; } 2>/dev/null; word "$l"
       [ -n "$l" ] && meta "hwmon_label ${f#"$root"/} label=$l"
       case ${f##*/} in temp*) adds "$f" ;; *) add "$f" ;; esac
+    done
+  done
+  # older Jetsons (L4T 32: Nano, TX2, Xavier): INA3221 rails through the iio driver, mW, rail_name_N
+  for d in "$root"/sys/bus/i2c/drivers/ina3221x/*/iio:device*; do
+    for f in "$d"/in_power[0-9]*_input; do
+      [ -r "$f" ] || continue
+      k=${f##*/in_power}; k=${k%_input}
+      l=""; { read -r l < "$d/rail_name_$k"; } 2>/dev/null; word "$l"
+      meta "rail ${f#"$root"/} label=$l"
+      add "$f"
     done
   done
   for r in "$root"/sys/class/powercap/intel-rapl:* "$root"/sys/class/powercap/intel-rapl/intel-rapl:*; do

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from devicelab import paths
@@ -31,10 +32,16 @@ def _write(p: Path, v):
 
 
 class Writer(threading.Thread):
-    def __init__(self, root: Path, battery=True, rapl=True, i0=I0, k=K, charge_counter=False):
+    def __init__(self, root: Path, battery=True, rapl=True, i0=I0, k=K, charge_counter=False, counter=None,
+                 voltage=V_BAT, temp_slope=2_000):
+        """counter: the battery counter that falls as it discharges at |current_now| — charge_counter or
+        charge_now (µAh) or energy_now (µWh); `frozen` stops it (a coarse counter over a short cell)."""
         super().__init__(daemon=True)
         self.root, self.battery, self.rapl = root, battery, rapl
-        self.i0, self.k, self.cc = i0, k, charge_counter
+        self.i0, self.k = i0, k
+        self.counter = counter or ("charge_counter" if charge_counter else None)
+        self.voltage, self.temp_slope = voltage, temp_slope
+        self.frozen = False
         self.stop = threading.Event()
         self.t0 = time.monotonic()
         ps = root / "sys/class/power_supply/battery"
@@ -46,7 +53,7 @@ class Writer(threading.Thread):
         if battery:
             _write(ps / "type", "Battery")
             _write(ps / "status", "Discharging")
-            _write(ps / "voltage_now", V_BAT)
+            _write(ps / "voltage_now", voltage)
             _write(ps / "capacity", 80)
         else:
             shutil.rmtree(ps)
@@ -64,12 +71,15 @@ class Writer(threading.Thread):
         t = time.monotonic() - self.t0
         if self.battery:
             _write(self.ps / "current_now", int(self.i0 + self.k * t))
-            if self.cc:   # µAh, falling as the battery discharges at |current_now| µA
-                q = abs(self.i0) * t + abs(self.k) * t * t / 2
-                _write(self.ps / "charge_counter", int(3_000_000 - q / 3600))
+            if self.counter and not (self.frozen and (self.ps / self.counter).exists()):
+                q = (abs(self.i0) * t + abs(self.k) * t * t / 2) / 3600     # µAh drawn at |current_now| µA
+                if self.counter == "energy_now":
+                    _write(self.ps / "energy_now", int(15_000_000 - q * self.voltage / 1e6))   # µWh
+                else:
+                    _write(self.ps / self.counter, int(3_000_000 - q))
         if self.rapl:
             _write(self.rp / "energy_uj", int(P_RAPL * 1e6 * t) % RAPL_RANGE)
-        _write(self.tz / "temp", int(45_000 + 2_000 * t))
+        _write(self.tz / "temp", int(45_000 + self.temp_slope * t))
         _write(self.cf / "scaling_cur_freq", 1_800_000)
 
     def run(self):
@@ -87,6 +97,16 @@ def sample(shell, root: Path, out: Path, seconds=3.0, interval=100, stay=True, e
     finally:
         payload.wait()
     return sampler_csv.parse(out.read_text())
+
+
+def sample_while(writer: threading.Thread, *args, **kw):
+    """sample() while `writer` changes the fixture tree; the writer is stopped whatever happens."""
+    writer.start()
+    try:
+        return sample(*args, **kw)
+    finally:
+        writer.stop.set()
+        writer.join()
 
 
 @pytest.mark.parametrize("reader", ["awk", "sh"])
@@ -129,12 +149,7 @@ def test_energy_units_signs_and_wraparound(tmp_path, shell, reader):
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
 def test_battery_only_current_sign_and_units(tmp_path, shell):
     w = Writer(tmp_path / "root", rapl=False)
-    w.start()
-    try:
-        tr = sample(shell, tmp_path / "root", tmp_path / "t.csv", seconds=2.0)
-    finally:
-        w.stop.set()
-        w.join()
+    tr = sample_while(w, shell, tmp_path / "root", tmp_path / "t.csv", seconds=2.0)
     df = tr.frame
     t0, t1 = float(df["t_s"].iloc[0]), float(df["t_s"].iloc[-1])
     s = normalize.summarize(tr, [normalize.Phase("decode", "decode", t0, t1, tokens=100)], (t0, t1))
@@ -181,12 +196,7 @@ def test_charge_counter_calibration_beats_the_magnitude_guess(tmp_path, shell):
     The drop of charge_counter over the cell says µA, and the reported sign is the other way round."""
     assert normalize.current_to_a(__import__("pandas").Series([8000.0]))[1] == "mA"   # the rule alone is wrong
     w = Writer(tmp_path / "root", rapl=False, i0=-8000, k=0, charge_counter=True)
-    w.start()
-    try:
-        tr = sample(shell, tmp_path / "root", tmp_path / "t.csv", seconds=3.0)
-    finally:
-        w.stop.set()
-        w.join()
+    tr = sample_while(w, shell, tmp_path / "root", tmp_path / "t.csv", seconds=3.0)
     t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
     s = normalize.summarize(tr, [], (t0, t1))
     assert s.calibration["method"] == "charge_counter"
@@ -194,6 +204,41 @@ def test_charge_counter_calibration_beats_the_magnitude_guess(tmp_path, shell):
     assert s.calibration["agreement"] > 0.6          # the counter moves in whole µAh: ~7 steps here
     e = next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
     assert e == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01)
+
+
+@pytest.mark.parametrize("counter", ["charge_now", "energy_now"])
+def test_calibration_from_charge_now_or_energy_now(tmp_path, counter):
+    """A board with no charge_counter: charge_now (µAh) or energy_now (µWh, checked against V·I) says
+    the 8000 in current_now is µA drawn, not 8 A charging."""
+    w = Writer(tmp_path / "root", rapl=False, i0=-8000, k=0, counter=counter)
+    tr = sample_while(w, SHELLS[0], tmp_path / "root", tmp_path / "t.csv", seconds=3.0)
+    t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
+    s = normalize.summarize(tr, [], (t0, t1))
+    assert s.calibration["method"] == counter
+    assert s.calibration["current_unit"] == "uA" and s.calibration["current_sign"] == -1.0
+    e = next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
+    assert e == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01)
+
+
+def test_a_cell_whose_counter_did_not_move_takes_the_device_calibration(tmp_path):
+    """A short cell: the counter stands still (phones count in whole mAh), so the cell alone cannot tell
+    µA from mA. The calibration an earlier cell of the same device made is used, and says where from;
+    without it the magnitude rule guesses (here wrongly: 8000 'mA')."""
+    w = Writer(tmp_path / "root", rapl=False, i0=-8000, k=0, counter="charge_counter")
+    w.frozen = True
+    tr = sample_while(w, SHELLS[0], tmp_path / "root", tmp_path / "t.csv", seconds=1.0)
+    t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
+    energy = lambda s: next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
+    guess = normalize.summarize(tr, [], (t0, t1))
+    assert guess.calibration["method"] == "magnitude+status" and guess.calibration["current_unit"] == "mA"
+    prior = {"source": "battery:sys/class/power_supply/battery", "current_unit": "uA", "scale_to_a": 1e-6,
+             "current_sign": -1.0, "agreement": 0.97, "method": "charge_counter", "cell": "c-earlier"}
+    s = normalize.summarize(tr, [], (t0, t1), prior_calibration=prior)
+    assert s.calibration["method"] == "device calibration (charge_counter in cell c-earlier)"
+    assert energy(s) == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01)
+    assert energy(guess) == pytest.approx(8 * 3.8 * (t1 - t0), rel=0.01), "the guess alone is 1000x off"
+    other = normalize.summarize(tr, [], (t0, t1), prior_calibration={**prior, "source": "battery:sys/class/power_supply/bms"})
+    assert other.calibration["method"] == "magnitude+status", "another supply's calibration is not borrowed"
 
 
 def test_calibration_picks_ma_for_a_milliamp_vendor():
@@ -300,3 +345,81 @@ def test_slow_sources_once_a_second_and_at_the_end_clock_per_cluster(tmp_path, s
     assert s.temp_start_c == pytest.approx(40, abs=2)
     # the end temperature is read at the last tick, not up to a second before it (the zone climbs 2 °C a tick)
     assert s.temp_end_c == z.iloc[-1] / 1000 and z.iloc[-1] > z[read[-2]] + 1500
+
+
+class RailWriter(threading.Thread):
+    """A Jetson's power monitor, as the sampler finds it. 'orin': the mainline ina3221 hwmon driver (bus
+    voltage in1..3_input mV, labelled; curr1..3_input mA; in4..6 are shunt voltages); 'nano': L4T 32's
+    iio driver (in_power0..2_input mW, rail_name_N, a space in one name). The board input rail's current
+    ramps: I(t) = 1000 + 400·t mA at 5 V."""
+
+    def __init__(self, root: Path, kind: str):
+        super().__init__(daemon=True)
+        self.kind, self.stop, self.t0 = kind, threading.Event(), time.monotonic()
+        if kind == "orin":
+            self.d = root / "sys/bus/i2c/drivers/ina3221/1-0040/hwmon/hwmon3"
+            self.d.mkdir(parents=True)
+            _write(self.d / "name", "ina3221")
+            for n, (lab, mv) in enumerate((("VDD_IN", 5000), ("VDD_CPU_GPU_CV", 5000), ("VDD_SOC", 5000)), 1):
+                _write(self.d / f"in{n}_label", lab)
+                _write(self.d / f"in{n}_input", mv)
+                _write(self.d / f"in{n + 3}_input", 12)           # shunt voltage: no current of its own
+        else:
+            self.d = root / "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0"
+            self.d.mkdir(parents=True)
+            for n, lab in enumerate(("POM 5V IN", "POM_5V_GPU", "POM_5V_CPU")):
+                _write(self.d / f"rail_name_{n}", lab)
+        self.tick()
+
+    def tick(self):
+        t = time.monotonic() - self.t0
+        i_in = 1000 + 400 * t                 # mA
+        parts = (i_in, 0.3 * i_in, 0.2 * i_in)  # sub-rails: inside the input rail
+        for n, i in enumerate(parts):
+            if self.kind == "orin":
+                _write(self.d / f"curr{n + 1}_input", int(i))
+            else:
+                _write(self.d / f"in_power{n}_input", int(5 * i))   # mW
+
+    def run(self):
+        while not self.stop.is_set():
+            self.tick()
+            time.sleep(0.005)
+
+
+@pytest.mark.parametrize("kind", ["orin", "nano"])
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_jetson_power_rails_take_the_board_input_rail(tmp_path, shell, kind):
+    """The energy is the board input rail's (VDD_IN / POM_5V_IN): the sub-rails are part of it, and
+    adding them would count their power twice."""
+    w = RailWriter(tmp_path / "root", kind)
+    tr = sample_while(w, shell, tmp_path / "root", tmp_path / "t.csv", seconds=2.0)
+    df = tr.frame
+    t0, t1 = float(df["t_s"].iloc[0]), float(df["t_s"].iloc[-1])
+    s = normalize.summarize(tr, [], (t0, t1))
+    assert s.calibration["source"] == "power-rails" and s.calibration["method"] == "board input rail"
+    assert list(s.calibration["rails"]) == ["VDD_IN" if kind == "orin" else "POM_5V_IN"]
+    col = next(iter(s.calibration["rails"].values())).split("*")[-1]
+    raw = df[col].astype(float).to_numpy()
+    mw_per_unit = 5.0 if kind == "orin" else 1.0          # mA at 5 V, or mW
+    analytic = np.trapezoid(raw * mw_per_unit / 1e3, df["t_s"].to_numpy(dtype=float))
+    e = next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
+    assert e == pytest.approx(analytic, rel=0.01)
+    # and against the ramp itself, 5 V × (1 + 0.4 t) A since the writer started (the sub-rails' 0.5 × on top
+    # would put it above the bound)
+    assert 5.0 < e / (t1 - t0) < 5 * (1 + 0.4 * (time.monotonic() - w.t0))
+
+
+def test_rails_without_an_input_rail_are_summed_and_nc_left_out():
+    """An AGX Orin's monitors name no board input rail: the rails are summed (and the row says so);
+    an unconnected channel ('NC') is not a rail."""
+    import pandas as pd
+    h = "sys/class/hwmon/hwmon1"
+    frame = pd.DataFrame({"tick": [0, 1, 2], "t_s": [0.0, 0.1, 0.2],
+                          **{f"{h}/in{n}_input": [5000] * 3 for n in (1, 2, 3)},
+                          **{f"{h}/curr{n}_input": [c] * 3 for n, c in ((1, 400), (2, 200), (3, 100))}})
+    meta = {f"{h}/in{n}_input": {"kind": "hwmon_label", "label": lab}
+            for n, lab in ((1, "VDD_GPU_SOC"), (2, "VDD_CPU_CV"), (3, "NC"))}
+    kind, t, p, info = normalize.power_source(sampler_csv.SamplerTrace(frame, meta))
+    assert info["method"] == "sum of rails" and list(info["rails"]) == ["VDD_GPU_SOC", "VDD_CPU_CV"]
+    assert list(p) == pytest.approx([3.0] * 3)            # 5 V × (0.4 + 0.2) A

@@ -140,6 +140,15 @@ class Ledger:
         q = "SELECT * FROM cells" + (" WHERE recipe=?" if recipe else "") + " ORDER BY device, model, quant, payload"
         return [dict(r) for r in self.db.execute(q, (recipe,) if recipe else ())]
 
+    # ---- small durable facts (e.g. a device's battery calibration) ----
+    def kv_get(self, key: str) -> str | None:
+        r = self.db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return r[0] if r else None
+
+    def kv_set(self, key: str, value: str) -> None:
+        self.db.execute("INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        (key, value))
+
     # ---- rows ----
     def rows_frame(self, recipe: str | None = None, done_only: bool = True):
         import pandas as pd

@@ -32,8 +32,14 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
         r = has(r"sys/class/powercap/(intel-rapl/)?intel-rapl:\d+/energy_uj")
         res["RAPL energy"] = (bool(r), ", ".join(r) if r else "no readable /sys/class/powercap/intel-rapl:*/energy_uj "
                                                                "(absent, or root-only since kernel 5.10)")
-        h = has(r".*hwmon\d+/(power|energy|curr|in)\d+_input")
-        res["hwmon power rails"] = (bool(h), f"{len(h)} inputs" if h else "no hwmon power/energy/current inputs")
+        rails = normalize.power_rails(tr)
+        he = has(r".*hwmon\d+/energy\d+_input")
+        inp = [lab for lab, _, _ in rails if normalize.INPUT_RAIL.search(lab)]
+        res["power rails (hwmon, Jetson INA3221)"] = (
+            bool(rails or he), (f"{len(rails)} rails ({', '.join(lab or '?' for lab, _, _ in rails)}); "
+                                + (f"board input {', '.join(inp)}" if inp else "no board input rail: summed"))
+            if rails else f"{len(he)} hwmon energy counters" if he else
+            "no hwmon power, current×voltage or energy inputs, nor a Jetson iio power monitor")
         st = t.run(["test", "-r", "/proc/self/status"]).rc == 0
         res["payload peak RSS (/proc/PID/status)"] = (st, "VmHWM/VmRSS" if st else "no /proc (macOS: not available)")
         res["sub-second clock"] = (tr.clock == "proc", "/proc/uptime" if tr.clock == "proc" else

@@ -519,7 +519,11 @@ class Executor:
             plain = "\n".join(l.split("\t", 1)[1] if "\t" in l else l for l in stdout.splitlines())
             rows += evals.parse_device_mc(plain + "\n" + stderr, c.params)
         pmf = local_base / "powermetrics.plist"
-        summ = normalize.summarize(trace, phases, cell_window, parsers.powermetrics(pmf.read_bytes()) if pmf.is_file() else None)
+        cal_key = f"battery-calibration/{dev.name}"
+        prior = self.ledger.kv_get(cal_key)
+        summ = normalize.summarize(trace, phases, cell_window,
+                                   parsers.powermetrics(pmf.read_bytes()) if pmf.is_file() else None,
+                                   prior_calibration=json.loads(prior) if prior else None)
         rows += summ.rows + snap_rows
         ts0 = snap_start.get("dumpsys-thermalservice", {}).get("thermal_status")
         ts1 = snap_end.get("dumpsys-thermalservice", {}).get("thermal_status")
@@ -547,8 +551,13 @@ class Executor:
             ctx.update(self._model_context(c, qf))
         for row in rows:
             row.context = ctx
+        ctx["energy_calibration"] = summ.calibration or None
         (local_base / "calibration.json").write_text(json.dumps(summ.calibration, default=str))
         self.ledger.finish_cell(c.cell_id, rows)
+        if summ.calibration.get("method") in {n for n, _ in normalize.COUNTERS}:
+            # the battery's counter moved during this cell: the device's calibration from now on, for
+            # cells too short for its counter to move
+            self.ledger.kv_set(cal_key, json.dumps({**summ.calibration, "cell": c.cell_id}))
 
     def _model_context(self, c: Cell, qf) -> dict:
         info = qf.info

@@ -49,7 +49,7 @@ ROW_COLUMNS = [
     "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
     "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
     "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes",
-    "temp_start_c", "temp_end_c", "throttled", "recorded_at",
+    "temp_start_c", "temp_end_c", "throttled", "energy_calibration", "recorded_at",
 ]
 
 
@@ -91,7 +91,7 @@ class Row:
         d.update(base)
         d["unit"] = self.unit
         d["samples"] = json.dumps(self.samples) if self.samples is not None else None
-        for k in ("tensor_types", "build_flags", "device_facts"):
+        for k in ("tensor_types", "build_flags", "device_facts", "energy_calibration"):
             if d.get(k) is not None and not isinstance(d[k], str):
                 d[k] = json.dumps(d[k], sort_keys=True)
         d.setdefault("recorded_at", None)

@@ -6,6 +6,7 @@ package consuming). Units as read are detected per source and the detection is r
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -107,6 +108,8 @@ def _interp_energy(t: np.ndarray, e: np.ndarray, a: float, b: float) -> float:
 
 def _integrate_power(t: np.ndarray, p: np.ndarray, a: float, b: float) -> float:
     """∫ P dt over [a, b] by the trapezoid rule on the samples, interpolating at the edges."""
+    ok = ~np.isnan(p)                 # a tick whose read failed (a busy I2C sensor) is left out, not taken as 0
+    t, p = t[ok], p[ok]
     if b <= a or len(t) < 2:
         return float("nan")
     inner = (t > a) & (t < b)
@@ -118,35 +121,46 @@ def _integrate_power(t: np.ndarray, p: np.ndarray, a: float, b: float) -> float:
 UNITS_TO_A = (("uA", 1e-6), ("mA", 1e-3), ("A", 1.0))
 
 
-def calibrate_current(t: np.ndarray, raw: pd.Series, charge_counter: pd.Series | None) -> dict | None:
-    """Decide the unit and sign of current_now from the drop of charge_counter (µAh, the sysfs
-    standard) over the same window: the unit whose mean current best matches ΔQ/Δt wins, and the sign
-    is flipped if current_now disagrees with the direction the charge moved. None if the counter did
-    not move (coarse counters over a short cell) or matches no unit within a factor of 2."""
-    if charge_counter is None:
+# battery counters that can calibrate current_now, best first: (sysfs name, kind). charge_* are µAh
+# (the power_supply ABI), energy_now µWh
+COUNTERS = (("charge_counter", "charge"), ("charge_now", "charge"), ("energy_now", "energy"))
+
+
+def calibrate_current(t: np.ndarray, raw: pd.Series, counter: pd.Series | None, kind: str = "charge",
+                      v_v: pd.Series | None = None) -> dict | None:
+    """Decide the unit and sign of current_now from a battery counter's drop over the same window.
+    kind 'charge' (charge_counter / charge_now, µAh): the unit whose mean current best matches −ΔQ/Δt wins.
+    kind 'energy' (energy_now, µWh): the unit whose mean V·I best matches −ΔE/Δt wins (`v_v`: volts).
+    The sign is flipped if current_now disagrees with the direction the counter moved. None if the
+    counter did not move (coarse counters over a short cell) or matches no unit within a factor of 2."""
+    if counter is None or (kind == "energy" and v_v is None):
         return None
-    cc = pd.to_numeric(charge_counter, errors="coerce")
+    cc = pd.to_numeric(counter, errors="coerce")
     ok = cc.notna().to_numpy()
     if ok.sum() < 2:
         return None
     i0, i1 = np.flatnonzero(ok)[[0, -1]]
-    dq_uah = float(cc.iloc[i1] - cc.iloc[i0])
+    dq = float(cc.iloc[i1] - cc.iloc[i0])
     dt_h = (t[i1] - t[i0]) / 3600
-    if dq_uah == 0 or dt_h <= 0:
+    if dq == 0 or dt_h <= 0:
         return None
-    i_cc = -dq_uah * 1e-6 / dt_h          # A, positive when the battery discharges
-    mean_raw = float(raw.iloc[i0:i1 + 1].mean())
-    if mean_raw == 0:
+    ref = -dq * 1e-6 / dt_h        # A (charge) or W (energy), positive when the battery discharges
+    window = raw.iloc[i0:i1 + 1].astype(float)
+    mean_raw = float(window.mean() if kind == "charge" else (window * v_v.iloc[i0:i1 + 1].astype(float)).mean())
+    if mean_raw == 0 or math.isnan(mean_raw):
         return None
-    best = min(((abs(abs(mean_raw) * f - abs(i_cc)) / abs(i_cc), u, f) for u, f in UNITS_TO_A))
+    best = min(((abs(abs(mean_raw) * f - abs(ref)) / abs(ref), u, f) for u, f in UNITS_TO_A))
     if best[0] > 0.5:
         return None
-    sign = 1.0 if (mean_raw > 0) == (i_cc > 0) else -1.0
-    return {"current_unit": best[1], "scale_to_a": best[2], "current_sign": sign, "agreement": round(1 - best[0], 4)}
+    sign = 1.0 if (mean_raw > 0) == (ref > 0) else -1.0
+    return {"current_unit": best[1], "scale_to_a": best[2], "current_sign": sign, "agreement": round(1 - best[0], 4),
+            "window_s": round(float(t[i1] - t[i0]), 3)}
 
 
-def power_source(tr: SamplerTrace) -> tuple[str, np.ndarray, np.ndarray, dict] | None:
-    """Pick the best energy source: ('energy'|'power', t, values in J or W, calibration info)."""
+def power_source(tr: SamplerTrace, prior: dict | None = None) -> tuple[str, np.ndarray, np.ndarray, dict] | None:
+    """Pick the best energy source: ('energy'|'power', t, values in J or W, calibration info).
+    `prior`: the device's battery calibration from an earlier cell (its counter moved then), used when
+    this cell's counters did not move enough to calibrate on their own."""
     df = tr.frame
     if len(df) < 2:
         return None
@@ -176,33 +190,67 @@ def power_source(tr: SamplerTrace) -> tuple[str, np.ndarray, np.ndarray, dict] |
         if cn in df and vn in df:
             raw = df[cn].astype(float)
             v_v = df[vn].astype(float).map(voltage_to_v)
-            cal = calibrate_current(t, raw, df.get(f"{d}/charge_counter"))
+            cal = None
+            for name, kind in COUNTERS:
+                cal = calibrate_current(t, raw, df.get(f"{d}/{name}"), kind, v_v)
+                if cal:
+                    cal["method"] = name
+                    break
+            if not cal and prior and prior.get("source") == f"battery:{d}" and prior.get("scale_to_a"):
+                cal = {k: prior[k] for k in ("current_unit", "scale_to_a", "current_sign", "agreement")}
+                cal["method"] = f"device calibration ({prior.get('method')} in cell {prior.get('cell', '?')})"
             if cal:
                 i_a = raw * cal["scale_to_a"]
                 sign, unit = cal["current_sign"], cal["current_unit"]
-                info = {"method": "charge_counter", "agreement": cal["agreement"]}
+                info = {k: v for k, v in cal.items() if k not in ("current_unit", "current_sign")}
             else:
                 i_a, unit = current_to_a(raw)
                 sign = 1.0
                 if status is not None and (status.astype(str).str.lower() == "discharging").mean() > 0.5 \
                         and i_a.median() < 0:
                     sign = -1.0        # this device reports discharge as negative: flip to our convention
-                info = {"method": "magnitude+status"}
+                info = {"method": "magnitude+status", "scale_to_a": dict(UNITS_TO_A)[unit]}
             p = (sign * i_a * v_v).to_numpy()
             return "power", t, p, {"source": f"battery:{d}", "current_unit": unit, "current_sign": sign, **info}
         if pn in df:
             p = df[pn].astype(float).to_numpy() / 1e6
             return "power", t, np.abs(p), {"source": f"battery:{d}:power_now"}
-    # 4. hwmon power (µW), e.g. INA3221 rails: sum the rails
-    hp = tr.columns(r".*hwmon\d+/power\d+_input")
-    if hp:
-        p = sum(df[c].astype(float).to_numpy() for c in hp) / 1e6
-        return "power", t, p, {"source": "hwmon-power", "inputs": hp}
+    # 4. power-monitor rails (hwmon, e.g. a Jetson's INA3221; the older Jetsons' iio driver)
+    rails = power_rails(tr)
+    if rails:
+        inputs = [r for r in rails if INPUT_RAIL.search(r[0])]
+        use, how = (inputs, "board input rail") if inputs else (rails, "sum of rails")
+        p = sum(r[2] for r in use)
+        return "power", t, p, {"source": "power-rails", "method": how, "rails": {r[0] or r[1]: r[1] for r in use}}
     return None
 
 
+# the rail that feeds the whole board: a Jetson's VDD_IN / POM_5V_IN, a board's VIN. Sub-rails (VDD_CPU_GPU_CV,
+# VDD_SOC, …) are inside it: summing them with it would count them twice
+INPUT_RAIL = re.compile(r"^(VDD_|POM_5V_|VDD_5V_|SYS_)?IN$|^VIN$|_TOTAL$|^TOTAL", re.I)
+
+
+def power_rails(tr: SamplerTrace) -> list[tuple[str, str, np.ndarray]]:
+    """(label, source columns, W per tick) of every power-monitor rail the sampler read: hwmon powerN_input
+    (µW); hwmon inN_input (mV) × currN_input (mA) of a chip that measures no power itself (the mainline
+    ina3221 driver: in1..3 are the bus voltages, labelled, curr1..3 their currents); the Jetson iio
+    driver's in_powerN_input (mW, rail_name_N). Unconnected channels (label 'NC') are left out."""
+    df = tr.frame
+    label = lambda c: tr.meta.get(c, {}).get("label", "")
+    num = lambda c: pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+    out = [(label(c), c, num(c) / 1e6) for c in tr.columns(r".*hwmon\d+/power\d+_input")]
+    for c in tr.columns(r".*hwmon\d+/curr\d+_input"):
+        h, n = c.rsplit("/curr", 1)
+        n = n[:-len("_input")]
+        v = f"{h}/in{n}_input"
+        if v in df and f"{h}/power{n}_input" not in df:
+            out.append((label(v) or label(c), f"{v}*{c}", num(v) * num(c) / 1e6))
+    out += [(label(c), c, num(c) / 1e3) for c in tr.columns(r".*iio:device\d+/in_power\d+_input")]
+    return [r for r in out if r[0].upper() != "NC"]
+
+
 def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, float] | None,
-              pm: list[dict] | None = None) -> Summary:
+              pm: list[dict] | None = None, prior_calibration: dict | None = None) -> Summary:
     """Rows of one cell from the sampler's trace; `pm`: macOS powermetrics samples (parsers.powermetrics)
     taken beside the payload for its whole life, which supply the energy, clock and thermal pressure
     where there is no sysfs."""
@@ -249,7 +297,7 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
         rows.append(Row(metric="thermal_status", value=float(max(tp)), phase="cell", test="powermetrics thermal_pressure"))
         if max(tp) > tp[0]:
             throttled = True
-    src = power_source(tr)
+    src = power_source(tr, prior_calibration)
     pm_e = [x for x in pm if x["energy_j"] is not None]
     if src is None and pm_e:
         e, dur = sum(x["energy_j"] for x in pm_e), sum(x["elapsed_s"] for x in pm_e)
