@@ -86,3 +86,16 @@ def check_forward(t, port: int) -> int:
         with ThreadPoolExecutor(4) as ex:
             assert len(list(ex.map(one, range(4)))) == 4
     return lp
+
+
+def fixture_board_run(tmp_path, root, name: str, bench: str, extra: str = ""):
+    """A `devicelab run` on a 'board' that is the local target reading its telemetry from the fixture tree
+    `root` (telemetry_root): one q8_0 SmolLM2 bench payload `bench` (YAML flow mapping body), ledger in
+    tmp_path/lab. Call again with more cells: the done ones are not re-run."""
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(f"devices:\n  - {{name: board, transport: local, telemetry_root: '{root}'}}\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: {name}\ndevices: [board]\nmodels: [{{name: smollm2-135m}}]\nquants: [q8_0]\n"
+                      f"payloads:\n  - {{kind: bench, {bench}}}\n{extra}"
+                      "recommend: {context: 512, min_decode_tps: 0.1}\n")
+    return devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")

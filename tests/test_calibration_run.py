@@ -7,20 +7,11 @@ import json
 
 import pytest
 
-from conftest import devicelab
+from conftest import fixture_board_run
 from test_sampler import SHELLS, Writer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not SHELLS, reason="needs dash or busybox")]
 
-RECIPE = """
-name: calib
-devices: [board]
-models: [{{name: smollm2-135m}}]
-quants: [q8_0]
-payloads:
-  - {{kind: bench, prompt: [64], gen: [{gen}], threads: {threads}, repetitions: 2}}
-recommend: {{context: 512, min_decode_tps: 0.1}}
-"""
 
 
 def test_battery_calibration_carries_to_a_later_cell(tmp_path, host_build, smol_path):
@@ -29,18 +20,14 @@ def test_battery_calibration_carries_to_a_later_cell(tmp_path, host_build, smol_
     # would read 8000 mA
     w = Writer(root, rapl=False, i0=-8000, k=0, counter="charge_counter", temp_slope=0)
     w.start()
-    lab = tmp_path / "lab.yaml"
-    lab.write_text(f"devices:\n  - {{name: board, transport: local, telemetry_root: '{root}'}}\n")
-    recipe = tmp_path / "r.yaml"
+    bench = "prompt: [64], gen: [256], threads: {}, repetitions: 2"
     try:
         # 1: a cell long enough for charge_counter (whole µAh) to fall by a dozen steps
-        recipe.write_text(RECIPE.format(gen=256, threads=[1]))
-        p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
+        p = fixture_board_run(tmp_path, root, "calib", bench.format([1]))
         assert p.returncode == 0, p.stdout + p.stderr
         # 2: the counter stands still from now on (as over a short cell); one new cell in the same ledger
         w.frozen = True
-        recipe.write_text(RECIPE.format(gen=256, threads=[1, 2]))
-        p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
+        p = fixture_board_run(tmp_path, root, "calib", bench.format([1, 2]))
         assert p.returncode == 0, p.stdout + p.stderr
     finally:
         w.stop.set()

@@ -42,6 +42,7 @@ class Writer(threading.Thread):
         self.counter = counter or ("charge_counter" if charge_counter else None)
         self.voltage, self.temp_slope = voltage, temp_slope
         self.frozen = False
+        self.khz = lambda t: 1_800_000         # the CPU clock over time (kHz)
         self.stop = threading.Event()
         self.t0 = time.monotonic()
         ps = root / "sys/class/power_supply/battery"
@@ -80,7 +81,7 @@ class Writer(threading.Thread):
         if self.rapl:
             _write(self.rp / "energy_uj", int(P_RAPL * 1e6 * t) % RAPL_RANGE)
         _write(self.tz / "temp", int(45_000 + self.temp_slope * t))
-        _write(self.cf / "scaling_cur_freq", 1_800_000)
+        _write(self.cf / "scaling_cur_freq", self.khz(t))
 
     def run(self):
         while not self.stop.is_set():
@@ -142,6 +143,7 @@ def test_energy_units_signs_and_wraparound(tmp_path, shell, reader):
     assert s.temp_end_c == rows[("temp_end", "cell")].value
     # cpufreq kHz → Hz
     assert rows[("cpu_freq_mean", "cell")].value == pytest.approx(1.8e9)
+    assert s.throttled is False, "a steady clock is not throttling"
     # peak RSS of the payload (sleep): real /proc read, kB → B
     assert 100_000 < rows[("peak_rss", "cell")].value < 50_000_000
 
@@ -423,3 +425,17 @@ def test_rails_without_an_input_rail_are_summed_and_nc_left_out():
     kind, t, p, info = normalize.power_source(sampler_csv.SamplerTrace(frame, meta))
     assert info["method"] == "sum of rails" and list(info["rails"]) == ["VDD_GPU_SOC", "VDD_CPU_CV"]
     assert list(p) == pytest.approx([3.0] * 3)            # 5 V × (0.4 + 0.2) A
+
+
+def test_a_cpu_clock_that_drops_during_the_cell_flags_it_throttled(tmp_path):
+    """2.0 GHz for the first second, then the governor caps it at 1.2 GHz (thermal throttling)."""
+    w = Writer(tmp_path / "root", rapl=False, battery=False)
+    w.khz = lambda t: 2_000_000 if t < 1.0 else 1_200_000
+    w.t0 = time.monotonic()
+    tr = sample_while(w, SHELLS[0], tmp_path / "root", tmp_path / "t.csv", seconds=2.5)
+    t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
+    s = normalize.summarize(tr, [], (t0, t1))
+    rows = {(r.metric, r.phase): r for r in s.rows}
+    assert s.throttled is True
+    assert rows[("cpu_freq_min", "cell")].value == pytest.approx(1.2e9)
+    assert 1.2e9 < rows[("cpu_freq_mean", "cell")].value < 2.0e9

@@ -229,6 +229,7 @@ class Executor:
             self.ev.stage(f"{dev.name}: device facts and kit")
             kit = kitmod.ensure(t)
             facts = factsmod.collect(t, kit)
+            baseline = self._idle_baseline(t, kit, dev)     # before a native build can warm the device
             if dev.target:
                 feats = set((dev.cpu_features or facts.get("cpu.features") or "").split())
                 tgt = targets.by_name(dev.target, feats)
@@ -247,7 +248,6 @@ class Executor:
             else:
                 self.ev.stage(f"llama.cpp build for {dev.name} ({tgt.name})")
                 build = buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
-            baseline = self._hottest(t, kit, dev)
             self._snap_tools = snapshots.available(t)
             # macOS: the SoC's energy model (CPU/GPU/ANE) beside each payload, where the user may run it
             self._powermetrics = snapshots.powermetrics_access(t) if "ioreg" in self._snap_tools else ""
@@ -311,18 +311,43 @@ class Executor:
         except ValueError:
             return None
 
-    def _cooldown(self, t: Transport, kit: str, dev: labmod.Device, baseline: float | None) -> float:
-        """Wait (bounded) until the hottest zone is within delta of the idle baseline; seconds waited."""
+    BASELINE_MAX_AGE_S = 6 * 3600
+
+    def _idle_baseline(self, t: Transport, kit: str, dev: labmod.Device) -> float | None:
+        """The device's idle temperature: its hottest zone at first contact, or a cooler reading of it kept in
+        the ledger from the last hours (a run resumed right after a heavy one starts on a warm device)."""
+        now = self._hottest(t, kit, dev)
+        key = f"idle-baseline/{dev.name}"
+        old = json.loads(self.ledger.kv_get(key) or "null")
+        fresh = old if old and time.time() - old["at"] < self.BASELINE_MAX_AGE_S else None
+        if now is not None and (fresh is None or now <= fresh["c"]):
+            self.ledger.kv_set(key, json.dumps({"c": now, "at": time.time()}))
+            return now
+        if fresh is not None:
+            self.ev.stage(f"{dev.name}: idle baseline {fresh['c']:.1f} °C, measured "
+                          f"{(time.time() - fresh['at']) / 60:.0f} min ago (now " + (f"{now:.1f} °C)" if now is not None else "unreadable)"))
+            return fresh["c"]
+        return now
+
+    def _cooldown(self, t: Transport, kit: str, dev: labmod.Device, baseline: float | None) -> Row:
+        """Wait (bounded) until the hottest zone is within delta of the idle baseline: the wait as a row that
+        says how it ended."""
         if baseline is None:
-            return 0.0
+            return Row(metric="cooldown_wait", value=0.0, phase="cell", test="no thermal zone: no wait")
         spec = self.recipe.telemetry
         t0 = time.time()
-        while time.time() - t0 < spec.cooldown_timeout_s:
-            now = self._hottest(t, kit, dev)
-            if now is None or now <= baseline + spec.cooldown_delta_c:
-                break
+        now = self._hottest(t, kit, dev)
+        while now is not None and now > baseline + spec.cooldown_delta_c and time.time() - t0 < spec.cooldown_timeout_s:
             time.sleep(2.0)
-        return time.time() - t0
+            now = self._hottest(t, kit, dev)
+        waited = time.time() - t0
+        goal = f"baseline {baseline:.1f} °C + {spec.cooldown_delta_c:g}"
+        if now is not None and now > baseline + spec.cooldown_delta_c:
+            self.ev.stage(f"warning: {dev.name} still at {now:.1f} °C after {waited:.0f} s ({goal}): measuring warm; "
+                          "raise telemetry.cooldown_timeout_s to wait longer")
+            return Row(metric="cooldown_wait", value=waited, phase="cell", test=f"timed out at {now:.1f} °C ({goal})")
+        return Row(metric="cooldown_wait", value=waited, phase="cell",
+                   test=f"reached {now:.1f} °C ({goal})" if now is not None else "thermal zone unreadable")
 
     def _tool(self, t: Transport, build, tool: str) -> str:
         if tool not in build.manifest["tools"]:
@@ -442,7 +467,7 @@ class Executor:
             env["DEVICELAB_CGROUP"] = cgroup
         if getattr(self, "_powermetrics", ""):
             env["DEVICELAB_POWERMETRICS"] = self._powermetrics
-        waited = self._cooldown(t, kit, dev, baseline)
+        cooldown = self._cooldown(t, kit, dev, baseline)
         base_remote = posixpath.join(t.workdir(), "cells", c.cell_id, f"attempt-{attempt}")
         local_base = self.ledger.artifacts_dir / c.cell_id / f"attempt-{attempt}"
         self.ledger.set_artifacts(c.cell_id, base_remote)
@@ -531,7 +556,9 @@ class Executor:
             summ.throttled = True          # Android's thermal status rose during the cell
         if cell_window:
             rows.append(Row(metric="wall_seconds", value=cell_window[1] - cell_window[0], phase="cell"))
-        rows.append(Row(metric="cooldown_wait", value=waited, phase="cell"))
+        rows.append(cooldown)
+        if baseline is not None:
+            rows.append(Row(metric="temp_baseline", value=baseline, phase="cell"))
         ctx = {
             "run_id": run_id, "cell_id": c.cell_id, "recipe": c.recipe, "device": c.device,
             "target": build.manifest["target"], "model": c.model, "quant": c.quant, "payload": c.payload,

@@ -29,7 +29,7 @@ METRICS: dict[str, str] = {
     "cpu_freq_mean": "Hz", "cpu_freq_min": "Hz",
     # power / energy
     "power_mean": "W", "energy": "J", "energy_per_token": "J/tok", "wh_per_prompt": "Wh",
-    "cooldown_wait": "s",
+    "cooldown_wait": "s", "temp_baseline": "degC",
     # once-per-cell snapshots (dumpsys, ioreg, pmset), phase = snapshot_start / snapshot_end
     "battery_level": "1", "battery_voltage": "V", "battery_current": "A", "battery_power": "W",
     "battery_temp": "degC", "charge_counter": "C", "thermal_status": "1", "cpu_speed_limit": "1",
