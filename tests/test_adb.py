@@ -245,6 +245,8 @@ def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_pat
 @pytest.mark.skipif(not shutil.which("qemu-aarch64-static"), reason="needs qemu-user-static")
 def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, smol_path):
     peer = make_peer(tmp_path, adb)
+    log = fake_dumpsys(peer, FIXTURES / "snapshots/dumpsys-battery-unplugged.txt",
+                       FIXTURES / "snapshots/dumpsys-thermalservice.txt")
     root = _battery_root(tmp_path)
     lab = _phone_lab(tmp_path, adb, peer, root)
     recipe = tmp_path / "r.yaml"
@@ -272,10 +274,19 @@ def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, 
     assert st.get("failed-retryable", 0) >= 1 and "running" not in st
     assert con.execute("SELECT count(*) FROM rows r JOIN cells c USING(cell_id) WHERE c.status != 'done'"
                        ).fetchone()[0] == 0
+    # the link went while the phone was set unplugged: no reset could reach it
+    before = log.read_text().splitlines()
+    assert before.count("battery unplug") == 1 and "battery reset" not in before, before
     peer2 = AdbdPeer(tmp_path / "peer", peer.port, peer.adb_keys, PROPS).start()
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     assert dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall()) == {"done": 2}
+    # first contact restores the charging state before anything else is measured; every unplug is undone
+    assert "phone: charging state restored (dumpsys battery reset)" in p.stderr
+    calls = log.read_text().splitlines()
+    after = calls[calls.index("battery unplug") + 1:]
+    assert after[:after.index("battery unplug")].count("battery reset") == 1, calls
+    assert calls.count("battery unplug") == calls.count("battery reset") and calls[-1] == "battery reset"
     peer2.kill()
 
 

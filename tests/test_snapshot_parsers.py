@@ -81,6 +81,34 @@ def test_snapshots_and_charging_hygiene_always_reset(tmp_path, monkeypatch):
     assert (tmp_path / "art" / "dumpsys-battery.start.txt").exists()
 
 
+def test_a_reset_that_cannot_reach_the_phone_stays_pending(tmp_path, monkeypatch):
+    """The reset fails (here a stand-in dumpsys that exits 1 on it; on a phone: the link is gone): the cell's
+    own error propagates, the unplugged state stays on record, and the next contact resets it."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "calls.log"
+    tool = bindir / "dumpsys"
+    flag = tmp_path / "link-down"
+    tool.write_text(f'#!/bin/sh\necho "$*" >> {log}\n[ "$2" = reset ] && [ -e {flag} ] && exit 1\nexit 0\n')
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    t = LocalTransport("phone-standin", root=str(tmp_path / "wd"))
+    state = []
+    flag.touch()
+    with pytest.raises(RuntimeError, match="link lost"):
+        with snapshots.ChargingHygiene(t, {"dumpsys"}, pending=state.append):
+            raise RuntimeError("link lost")
+    assert state == [True]
+    assert not snapshots.restore_if_pending(t, {"dumpsys"}, pending=False)
+    flag.unlink()
+    assert snapshots.restore_if_pending(t, {"dumpsys"}, pending=True)
+    with snapshots.ChargingHygiene(t, {"dumpsys"}, pending=state.append):
+        pass
+    assert state == [True, True, False]
+    assert log.read_text().splitlines() == ["battery unplug", "battery reset", "battery reset",
+                                            "battery unplug", "battery reset"]
+
+
 def test_dumpsys_power_screen_state():
     assert parsers.dumpsys_power("  mWakefulness=Awake\n")["screen_on"] == 1.0
     assert parsers.dumpsys_power("  mWakefulness=Asleep\n")["screen_on"] == 0.0

@@ -249,6 +249,10 @@ class Executor:
                 self.ev.stage(f"llama.cpp build for {dev.name} ({tgt.name})")
                 build = buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
             self._snap_tools = snapshots.available(t)
+            if snapshots.restore_if_pending(t, self._snap_tools, self.ledger.kv_get(self._unplug_key(dev)) == "1"):
+                self.ledger.kv_set(self._unplug_key(dev), "0")
+                self.ev.stage(f"{dev.name}: charging state restored (dumpsys battery reset): an earlier run lost "
+                              "the device while it was set unplugged")
             # macOS: the SoC's energy model (CPU/GPU/ANE) beside each payload, where the user may run it
             self._powermetrics = snapshots.powermetrics_access(t) if "ioreg" in self._snap_tools else ""
             if "ioreg" in self._snap_tools and not self._powermetrics:
@@ -310,6 +314,10 @@ class Executor:
             return normalize.temp_to_c(float(r.stdout.strip()))
         except ValueError:
             return None
+
+    @staticmethod
+    def _unplug_key(dev: labmod.Device) -> str:
+        return f"battery-unplugged/{dev.name}"
 
     BASELINE_MAX_AGE_S = 6 * 3600
 
@@ -474,7 +482,8 @@ class Executor:
         tools = getattr(self, "_snap_tools", set())
         results = {}
         try:
-            with snapshots.ChargingHygiene(t, tools):
+            with snapshots.ChargingHygiene(t, tools, pending=lambda on: self.ledger.kv_set(
+                    self._unplug_key(dev), "1" if on else "0")):
                 local_base.mkdir(parents=True, exist_ok=True)
                 snap_rows, snap_start = snapshots.take(t, tools, "start", local_base)
                 if snap_start.get("dumpsys-power", {}).get("screen_on") and not getattr(self, "_screen_warned", False):

@@ -6,6 +6,7 @@ and `dumpsys battery reset` afterwards, always."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..schema import Row
 from ..transports.base import Transport
@@ -60,18 +61,37 @@ def take(t: Transport, tools: set[str], when: str, artifacts: Path) -> tuple[lis
 
 class ChargingHygiene:
     """Context manager: on a device with dumpsys, stop charging updates for the measurement and always
-    restore them — on success, failure or Ctrl-C."""
+    restore them — on success, failure or Ctrl-C. Where the restore cannot reach the device (the link went
+    mid-cell, the host was killed) `pending(True)` stays the last word, so the next contact restores it
+    (`restore_if_pending`): a phone is never left believing it is unplugged."""
 
-    def __init__(self, t: Transport, tools: set[str]):
+    def __init__(self, t: Transport, tools: set[str], pending: Callable[[bool], None] | None = None):
         self.t, self.on = t, "dumpsys" in tools
+        self.pending = pending or (lambda on: None)
         self.unplugged = False
 
     def __enter__(self):
         if self.on:
+            self.pending(True)
             self.unplugged = self.t.run(["dumpsys", "battery", "unplug"], timeout=30).rc == 0
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, etype, e, tb):
         if self.on:
-            self.t.run(["dumpsys", "battery", "reset"], timeout=30)
+            try:
+                restored = self.t.run(["dumpsys", "battery", "reset"], timeout=30).rc == 0
+            except Exception:
+                if etype is None:
+                    raise
+                restored = False       # the cell's own error (the lost link) is the one to report
+            if restored:
+                self.pending(False)
         return False
+
+
+def restore_if_pending(t: Transport, tools: set[str], pending: bool) -> bool:
+    """First contact after a run that lost the device mid-cell: reset the battery service it left unplugged.
+    True when it did."""
+    if not pending or "dumpsys" not in tools:
+        return False
+    return t.run(["dumpsys", "battery", "reset"], timeout=30).rc == 0
