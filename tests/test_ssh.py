@@ -3,6 +3,7 @@
 import hashlib
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -300,16 +301,37 @@ payloads:
 
 
 @pytest.mark.e2e
-def test_sshd_killed_mid_cell_then_run_again_finishes(sshd, tmp_path, host_build, smol_path):
+def test_sshd_killed_mid_push_and_mid_cell_then_run_again_finishes(sshd, tmp_path, host_build, smol_path):
     lab = tmp_path / "lab.yaml"
     lab.write_text(sshd.lab_yaml())
     recipe = tmp_path / "r.yaml"
     recipe.write_text(FAULT_RECIPE)
     devicelab("model", "ladder", "--quants", "q8_0,q4_0,q2_k", check=True)
     db = tmp_path / "lab" / "ledger.sqlite"
-    proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab", str(lab),
-                             "--lab-dir", str(tmp_path / "lab")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    argv = [sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab", str(lab), "--lab-dir", str(tmp_path / "lab")]
+    # 1. the board dies while the first model is on its way
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cache = sshd.d / "device-workdir" / "cache"
+    deadline = time.time() + 300
+    part = None
+    while time.time() < deadline and part is None and proc.poll() is None:
+        part = next((f for f in cache.glob("*/*.gguf.part") if f.stat().st_size > 4 << 20), None) if cache.exists() else None
+        time.sleep(0.001)
+    assert part is not None, "never saw the model push under way"
+    sshd.kill()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out + err
+    con = sqlite3.connect(db)
+    st = dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())
+    assert st.get("failed-retryable", 0) >= 1 and "running" not in st and "done" not in st, (st, out + err)
+    assert con.execute("SELECT count(*) FROM rows").fetchone()[0] == 0
+    why = con.execute("SELECT error FROM cells WHERE quant='q8_0'").fetchone()[0]
+    assert why.startswith("push of smollm2-135m-q8_0.gguf to board broke off") and not re.search(r"\(ssh: \)|: $", why), why
+    model = part.with_suffix("")
+    assert not model.with_name(model.name + ".ok").exists(), "a cut push is never marked complete"
+    sshd.start()
+    # 2. the board dies inside a cell of the re-run
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:
         try:
@@ -326,12 +348,12 @@ def test_sshd_killed_mid_cell_then_run_again_finishes(sshd, tmp_path, host_build
     sshd.kill()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, out + err
-    con = sqlite3.connect(db)
     st = dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())
     assert st.get("failed-retryable", 0) >= 1 and "running" not in st
     assert con.execute("SELECT count(*) FROM rows r JOIN cells c USING(cell_id) WHERE c.status != 'done'"
                        ).fetchone()[0] == 0, "nothing half-written is recorded for an unfinished cell"
     sshd.start()
+    # 3. and once more: the recipe finishes, the cut model was pushed again whole
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", check=True)
     assert "0 failed" in p.stdout
     st = dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())

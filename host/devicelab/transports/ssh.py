@@ -371,7 +371,8 @@ class SSHTransport(Transport):
         with open(local, "rb") as fh:
             p = subprocess.run(self.openssh_argv(extra) + [cmd], stdin=fh, capture_output=True, text=True)
         if p.returncode == 255:           # ssh's own failure (connection, auth), not the device script's
-            raise RetryableError(f"push of {Path(local).name} to {self.name} broke off (ssh: {p.stderr.strip()[:160]})")
+            why = " ".join(p.stderr.split())[:160] or "the connection closed without a message"
+            raise RetryableError(f"push of {Path(local).name} to {self.name} broke off (ssh: {why})")
         return self._put_result(local, p.returncode, p.stdout, p.stderr)
 
     def get(self, remote: str, local: Path) -> None:
