@@ -92,8 +92,15 @@ def main():
     # then each shell kept with -S, dash's own `sleep`-per-tick pacing included (a device with no other shell)
     runs = [("sh (as run_payload.sh starts it)", ["sh"], ()),
             ("sh, shell reads (no awk)", ["env", "DEVICELAB_SAMPLER_NO_AWK=1", "sh"], ())] + [
-        (f"{' '.join(sh)} -S (stays)", sh, ("-S",)) for sh in (["dash"], ["busybox", "sh"], ["bash"])
+        (f"{' '.join(sh)} -S (stays)", sh, ("-S",)) for sh in (["dash"], ["busybox", "sh"], ["mksh"], ["bash"])
         if shutil.which(sh[0])]
+    android = tempfile.mkdtemp(prefix="android-bin-")
+    if shutil.which("mksh") and shutil.which("toybox"):
+        # Android's userland: mksh as sh, toybox's applets the only commands (Debian's toybox: no awk)
+        for applet in subprocess.run(["toybox"], capture_output=True, text=True).stdout.split():
+            os.symlink(shutil.which("toybox"), f"{android}/{applet}")
+        os.symlink(shutil.which("mksh"), f"{android}/sh")
+        runs.append(("mksh + toybox only (Android-like)", ["env", f"PATH={android}", f"{android}/sh"], ()))
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as fx:
         trees = [("this machine's /sys", ()), ("phone-sized fixture tree", ("-R", phone_tree(fx)))]
         for tree, root in trees:
@@ -103,6 +110,7 @@ def main():
                     frac, rate, pace = sampler_cost(shell, 1000 // hz, a.sampler_seconds, (*extra, *root))
                     print(f"sampler cost, {label:32s} at {hz} Hz: {frac * 100:.2f}% of one core "
                           f"(achieved {rate:.1f} ticks/s; pace {pace})")
+    shutil.rmtree(android)
     if a.sampler_only:
         return
 

@@ -22,7 +22,11 @@ if [ -r /proc/cpuinfo ]; then
   kv cpu.model "$(echo $m)"
   f=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2-)
   kv cpu.features "$(echo $f)"
-  kv cpu.parts "$(grep -E '^CPU part' /proc/cpuinfo | cut -d: -f2 | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+  parts=""
+  while read -r count part; do [ -n "$count" ] && parts="$parts $count $part;"; done <<EOF_PARTS
+$(grep -E '^CPU part' /proc/cpuinfo | cut -d: -f2 | sort | uniq -c)
+EOF_PARTS
+  kv cpu.parts "${parts# }"
 elif command -v sysctl >/dev/null 2>&1; then
   kv cpu.model "$(sysctl -n machdep.cpu.brand_string 2>/dev/null)"
   kv cpu.features "$(sysctl -n machdep.cpu.features 2>/dev/null)"
@@ -35,11 +39,17 @@ for c in /sys/devices/system/cpu/cpu[0-9]*; do
 done
 kv cpu.max_khz "$(echo $cl)"
 if [ -r /proc/meminfo ]; then
-  kv mem.total_kB "$(awk '/^MemTotal:/ {print $2}' /proc/meminfo)"
-  kv mem.available_kB "$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)"
+  # shell reads, no awk: older Android and minimal images have none
+  while read -r k v _; do
+    case $k in MemTotal:) kv mem.total_kB "$v" ;; MemAvailable:) kv mem.available_kB "$v" ;; esac
+  done < /proc/meminfo
 elif command -v sysctl >/dev/null 2>&1; then
   b=$(sysctl -n hw.memsize 2>/dev/null); [ -n "$b" ] && kv mem.total_kB $((b / 1024))
 fi
 mkdir -p "$wd" 2>/dev/null
-kv storage.free_kB "$(df -Pk "$wd" 2>/dev/null | awk 'NR==2 {print $4}')"
+free=""
+{ read -r _; read -r _ _ _ free _; } <<EOF_DF
+$(df -Pk "$wd" 2>/dev/null)
+EOF_DF
+kv storage.free_kB "$free"
 kv cgroup "$(cat /proc/self/cgroup 2>/dev/null | head -n1)"

@@ -38,6 +38,8 @@ if [ "$how" = commit ]; then
 fi
 d=${1%/*}
 [ -z "$d" ] || mkdir -p "$d" || exit 1
+# the follower reads pieces with dd; a userland without it (Debian's toybox build) hashes after
+[ "$how" = follow ] && ! command -v dd >/dev/null 2>&1 && how=after
 case $how in
 after)
     cat > "$1" && s=$(($(wc -c < "$1"))) && [ "$s" -eq "$2" ] || short "$@"

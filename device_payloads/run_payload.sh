@@ -45,7 +45,9 @@ pid=$!
 # the sampler moves itself to a shell that paces with `read -t` (no process per tick) when this one can't
 ${DEVICELAB_SAMPLER_SHELL:-sh} "$here/sampler.sh" -o "$outdir/telemetry.csv" -p "$pid" -i "$interval" -R "$root" &
 spid=$!
-echo "runner=$$ payload=$pid sampler=$spid${spins:+ spin=}$(echo $spins | tr ' ' ',')${pm:+ powermetrics=$pm}" > "$outdir/pids"
+spin_list=""
+for sp in $spins; do spin_list="${spin_list:+$spin_list,}$sp"; done
+echo "runner=$$ payload=$pid sampler=$spid${spin_list:+ spin=$spin_list}${pm:+ powermetrics=$pm}" > "$outdir/pids"
 while IFS= read -r line; do
   up=""; { read -r up _ < /proc/uptime; } 2>/dev/null
   printf '%s\t%s\n' "$up" "$line"

@@ -62,7 +62,10 @@ files=""      # space-separated list of readable counter files (absolute, under 
 slow=""       # slowly changing sources (temperatures, level, status), read every SLOW_MS and at the last tick
 add() { for f in "$@"; do [ -r "$f" ] && files="$files $f"; done; }
 adds() { for f in "$@"; do [ -r "$f" ] && slow="$slow $f"; done; }
-meta() { printf '# %s\n' "$*"; }
+# collected and written once: printf is no builtin in mksh (Android's sh), a process per line
+_meta=""
+meta() { _meta="$_meta# $*
+"; }
 # a rail label as one word ("POM 5V IN" -> POM_5V_IN): meta lines are split on blanks
 word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_r#* } ;; *) l="$_o$_r"; return ;; esac; done; }
 
@@ -139,7 +142,7 @@ word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_
   hdr="tick,t_s"
   for f in $files $slow; do hdr="$hdr,${f#"$root"/}"; done
   [ -n "$pid" ] && hdr="$hdr,proc/$pid/VmRSS_kB,proc/$pid/VmHWM_kB"
-  echo "$hdr"
+  printf '%s%s\n' "$_meta" "$hdr"
 
   tick=0
   if [ $reader = awk ]; then

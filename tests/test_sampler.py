@@ -16,7 +16,8 @@ import pytest
 from devicelab import paths
 from devicelab.telemetry import normalize, sampler_csv
 
-SHELLS = [s for s in (["dash"], ["busybox", "sh"]) if shutil.which(s[0])]
+# mksh: Android's /system/bin/sh
+SHELLS = [s for s in (["dash"], ["busybox", "sh"], ["mksh"]) if shutil.which(s[0])]
 SAMPLER = paths.device_payloads_dir() / "sampler.sh"
 
 P_RAPL = 5.0                 # W, package power the fake RAPL counter integrates
