@@ -183,7 +183,8 @@ word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_
       { echo "$tick $last" >&4; } 2>/dev/null || break
       [ $last = 1 ] && break
       tick=$((tick + 1))
-      if [ $pace = readt ]; then read -t "$nap" _x <&3; else sleep "$nap"; fi
+      # (mksh reports a signal that cuts the wait short, e.g. SIGCHLD, as an error: not one)
+      if [ $pace = readt ]; then { read -t "$nap" _x <&3; } 2>/dev/null; else sleep "$nap"; fi
     done
     exec 4>&-
     wait "$apid"
@@ -217,7 +218,8 @@ word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_
       echo "$line"
       tick=$((tick + 1))
       [ $last = 1 ] && break
-      if [ $pace = readt ]; then read -t "$nap" _x <&3; else sleep "$nap"; fi
+      # (mksh reports a signal that cuts the wait short, e.g. SIGCHLD, as an error: not one)
+      if [ $pace = readt ]; then { read -t "$nap" _x <&3; } 2>/dev/null; else sleep "$nap"; fi
     done
   fi
 } > "$out"

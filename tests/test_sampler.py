@@ -94,8 +94,10 @@ def sample(shell, root: Path, out: Path, seconds=3.0, interval=100, stay=True, e
     """stay: -S, the sampler keeps the shell it was started in (else dash moves itself to busybox/bash)."""
     payload = subprocess.Popen(["sleep", str(seconds)])
     try:
-        subprocess.run([*shell, str(SAMPLER), "-o", str(out), "-p", str(payload.pid), "-i", str(interval),
-                        "-R", str(root), *(["-S"] if stay else [])], check=True, timeout=seconds + 20, env=env)
+        p = subprocess.run([*shell, str(SAMPLER), "-o", str(out), "-p", str(payload.pid), "-i", str(interval),
+                            "-R", str(root), *(["-S"] if stay else [])], check=True, timeout=seconds + 20, env=env,
+                           stderr=subprocess.PIPE, text=True)
+        assert p.stderr == "", f"the sampler wrote to stderr (a cell's stderr on a device): {p.stderr}"
     finally:
         payload.wait()
     return sampler_csv.parse(out.read_text())
