@@ -1,6 +1,8 @@
 """A device-side peer that speaks the real adb transport protocol over TCP, for the real adb host server
 to `adb connect` to. It is a protocol-faithful stand-in for adbd, NOT Android: no SELinux, no bionic,
-no zygote — commands run with this machine's /bin/sh. What it implements, from AOSP's
+no zygote — commands run with this machine's /bin/sh, or, with userland="android", with Android's shell
+and coreutils (Debian's mksh as `sh`, Debian's toybox applets as the only commands, and
+qemu-aarch64-static standing in for the phone's CPU). What it implements, from AOSP's
 system/core/adb/protocol.txt, SERVICES.TXT and SYNC.TXT:
 
   messages   CNXN AUTH OPEN OKAY WRTE CLSE (24-byte header, checksum, magic), one-packet flow control
@@ -19,6 +21,7 @@ from __future__ import annotations
 import base64
 import os
 import queue
+import shutil
 import socket
 import stat
 import struct
@@ -176,7 +179,8 @@ class Conn:
 
 
 class AdbdPeer:
-    def __init__(self, d: Path, port: int, adb_keys: Path, props: dict[str, str], require_auth: bool = True):
+    def __init__(self, d: Path, port: int, adb_keys: Path, props: dict[str, str], require_auth: bool = True,
+                 userland: str = "host"):
         self.d = Path(d)
         self.d.mkdir(parents=True, exist_ok=True)
         self.port, self.adb_keys, self.require_auth = port, Path(adb_keys), require_auth
@@ -192,7 +196,20 @@ class AdbdPeer:
         gp.write_text(f'#!/bin/sh\nf={self.d}/build.prop\nif [ $# -eq 0 ]; then sed "s/^\\([^=]*\\)=\\(.*\\)$/[\\1]: [\\2]/" "$f"; '
                       f'else v=$(grep -m1 "^$1=" "$f" | cut -d= -f2-); echo "${{v:-$2}}"; fi\n')
         gp.chmod(gp.stat().st_mode | stat.S_IEXEC)
-        self.env = dict(os.environ, PATH=f"{bindir}:{os.environ['PATH']}", ANDROID_ROOT="/system")
+        self.sh = "sh"
+        path = os.environ["PATH"]
+        if userland == "android":
+            system = self.d / "system-bin"
+            system.mkdir(exist_ok=True)
+            toybox = shutil.which("toybox")
+            for applet in subprocess.run([toybox], capture_output=True, text=True, check=True).stdout.split():
+                if not (system / applet).exists():
+                    (system / applet).symlink_to(toybox)
+            for name, target in (("sh", "mksh"), ("qemu-aarch64-static", "qemu-aarch64-static")):
+                if not (system / name).exists() and shutil.which(target):
+                    (system / name).symlink_to(shutil.which(target))
+            self.sh, path = str(system / "sh"), str(system)
+        self.env = dict(os.environ, PATH=f"{bindir}:{path}", ANDROID_ROOT="/system")
 
     def keys(self):
         if not self.adb_keys.exists():
@@ -266,7 +283,7 @@ class AdbdPeer:
     def _shell(self, st: Stream, cmd: str, v2: bool, exec_: bool = False):
         if not cmd:
             return
-        p = subprocess.Popen(["sh", "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        p = subprocess.Popen([self.sh, "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE if (v2 or exec_) else subprocess.STDOUT, env=self.env,
                              cwd="/", start_new_session=True)
         self.procs.append(p)

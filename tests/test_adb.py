@@ -34,10 +34,13 @@ def adb(tmp_path):
     s.stop()
 
 
-def make_peer(tmp_path, adb, authorized=True, port=None):
+ANDROID_USERLAND = bool(shutil.which("mksh") and shutil.which("toybox"))
+
+
+def make_peer(tmp_path, adb, authorized=True, port=None, userland="host"):
     keys = tmp_path / "adb_keys"
     keys.write_text(adb.pubkey.read_text() if authorized else "")
-    return AdbdPeer(tmp_path / "peer", port or free_port(), keys, PROPS).start()
+    return AdbdPeer(tmp_path / "peer", port or free_port(), keys, PROPS, userland=userland).start()
 
 
 def transport(adb, peer, tmp_path, **kw):
@@ -212,7 +215,8 @@ def _phone_lab(tmp_path, adb, peer, root):
 @pytest.mark.e2e
 @pytest.mark.skipif(not shutil.which("qemu-aarch64-static"), reason="needs qemu-user-static")
 def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_path):
-    peer = make_peer(tmp_path, adb)
+    # every device command in Android's userland: mksh as sh, toybox's applets (Debian's mksh and toybox)
+    peer = make_peer(tmp_path, adb, userland="android" if ANDROID_USERLAND else "host")
     log = fake_dumpsys(peer, FIXTURES / "snapshots/dumpsys-battery-unplugged.txt",
                        FIXTURES / "snapshots/dumpsys-thermalservice.txt")
     root = _battery_root(tmp_path)
@@ -238,6 +242,9 @@ def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_pat
     calls = log.read_text().splitlines()
     assert calls.count("battery unplug") == calls.count("battery reset") == 4
     assert rows[rows.metric == "thermal_status"].value.eq(2).all()
+    if ANDROID_USERLAND:        # the sampler ran in the phone's userland: mksh's read -t, no awk there
+        csvs = list((tmp_path / "lab" / "artifacts").glob("*/attempt-*/telemetry.csv"))
+        assert len(csvs) == 4 and all("# pace readt reader=sh" in c.read_text() for c in csvs)
     peer.kill()
 
 
