@@ -24,16 +24,19 @@ class Zone(threading.Thread):
         d.mkdir(parents=True)
         (d / "type").write_text("cpu-thermal\n")
         self.f, self.stop = d / "temp", threading.Event()
+        self.lock = threading.Lock()        # set() on the test's thread, run() on this one: one temp.tmp
         self.set(lambda t: 40.0)
 
     def set(self, fn):
-        self.fn, self.t0 = fn, time.monotonic()
+        with self.lock:
+            self.fn, self.t0 = fn, time.monotonic()
         self._write()
 
     def _write(self):
-        tmp = self.f.with_name("temp.tmp")
-        tmp.write_text(f"{int(self.fn(time.monotonic() - self.t0) * 1000)}\n")
-        tmp.replace(self.f)
+        with self.lock:
+            tmp = self.f.with_name("temp.tmp")
+            tmp.write_text(f"{int(self.fn(time.monotonic() - self.t0) * 1000)}\n")
+            tmp.replace(self.f)
 
     def run(self):
         while not self.stop.is_set():
