@@ -16,11 +16,15 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
-from devicelab import paths
-from devicelab.build import cache, source, targets
-from devicelab.models import store
-from devicelab.models.ladder import Ladder
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from adbd_peer import android_userland  # noqa: E402
+
+from devicelab import paths  # noqa: E402
+from devicelab.build import cache, source, targets  # noqa: E402
+from devicelab.models import store  # noqa: E402
+from devicelab.models.ladder import Ladder  # noqa: E402
 
 
 def phone_tree(root: str) -> str:
@@ -97,9 +101,7 @@ def main():
     android = tempfile.mkdtemp(prefix="android-bin-")
     if shutil.which("mksh") and shutil.which("toybox"):
         # Android's userland: mksh as sh, toybox's applets the only commands (Debian's toybox: no awk)
-        for applet in subprocess.run(["toybox"], capture_output=True, text=True).stdout.split():
-            os.symlink(shutil.which("toybox"), f"{android}/{applet}")
-        os.symlink(shutil.which("mksh"), f"{android}/sh")
+        android_userland(Path(android))
         runs.append(("mksh + toybox only (Android-like)", ["env", f"PATH={android}", f"{android}/sh"], ()))
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as fx:
         trees = [("this machine's /sys", ()), ("phone-sized fixture tree", ("-R", phone_tree(fx)))]

@@ -178,6 +178,20 @@ class Conn:
                 pass
 
 
+def android_userland(d: Path, extra: tuple[str, ...] = ()) -> Path:
+    """A folder to be a whole PATH, Android's userland: `sh` -> mksh, every toybox applet -> toybox (Debian's
+    packages), plus the named host programs (e.g. qemu-aarch64-static standing in for the phone's CPU)."""
+    d.mkdir(parents=True, exist_ok=True)
+    toybox = shutil.which("toybox")
+    links = {a: toybox for a in subprocess.run([toybox], capture_output=True, text=True, check=True).stdout.split()}
+    links["sh"] = shutil.which("mksh")
+    links.update({x: shutil.which(x) for x in extra if shutil.which(x)})
+    for name, target in links.items():
+        if not (d / name).exists():
+            (d / name).symlink_to(target)
+    return d
+
+
 class AdbdPeer:
     def __init__(self, d: Path, port: int, adb_keys: Path, props: dict[str, str], require_auth: bool = True,
                  userland: str = "host"):
@@ -199,15 +213,7 @@ class AdbdPeer:
         self.sh = "sh"
         path = os.environ["PATH"]
         if userland == "android":
-            system = self.d / "system-bin"
-            system.mkdir(exist_ok=True)
-            toybox = shutil.which("toybox")
-            for applet in subprocess.run([toybox], capture_output=True, text=True, check=True).stdout.split():
-                if not (system / applet).exists():
-                    (system / applet).symlink_to(toybox)
-            for name, target in (("sh", "mksh"), ("qemu-aarch64-static", "qemu-aarch64-static")):
-                if not (system / name).exists() and shutil.which(target):
-                    (system / name).symlink_to(shutil.which(target))
+            system = android_userland(self.d / "system-bin", extra=("qemu-aarch64-static",))
             self.sh, path = str(system / "sh"), str(system)
         self.env = dict(os.environ, PATH=f"{bindir}:{path}", ANDROID_ROOT="/system")
 

@@ -16,6 +16,7 @@ import pytest
 from devicelab import paths
 from devicelab.telemetry import normalize, sampler_csv
 from devicelab.transports.base import put_script
+from adbd_peer import android_userland
 from test_sampler import I0, K, V_BAT, Writer
 
 pytestmark = pytest.mark.skipif(not (shutil.which("mksh") and shutil.which("toybox")),
@@ -26,12 +27,7 @@ PAYLOADS = paths.device_payloads_dir()
 @pytest.fixture
 def android_env(tmp_path):
     """PATH = one folder: sh -> mksh, every toybox applet -> toybox. Nothing else."""
-    d = tmp_path / "system-bin"
-    d.mkdir()
-    applets = subprocess.run(["toybox"], capture_output=True, text=True, check=True).stdout.split()
-    for a in applets:
-        (d / a).symlink_to(shutil.which("toybox"))
-    (d / "sh").symlink_to(shutil.which("mksh"))
+    d = android_userland(tmp_path / "system-bin")
     for missing in ("awk", "bash", "busybox", "dash", "python3", "openssl", "dd", "tr"):
         assert not (d / missing).exists()
     return {"PATH": str(d), "HOME": str(tmp_path)}, d

@@ -140,14 +140,15 @@ class Ledger:
         q = "SELECT * FROM cells" + (" WHERE recipe=?" if recipe else "") + " ORDER BY device, model, quant, payload"
         return [dict(r) for r in self.db.execute(q, (recipe,) if recipe else ())]
 
-    # ---- small durable facts (e.g. a device's battery calibration) ----
-    def kv_get(self, key: str) -> str | None:
-        r = self.db.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
-        return r[0] if r else None
+    # ---- small durable facts about a device (its battery calibration, idle temperature, charging state) ----
+    def device_fact(self, device: str, kind: str):
+        """The JSON value last stored for (device, kind), or None."""
+        r = self.db.execute("SELECT value FROM kv WHERE key=?", (f"{kind}/{device}",)).fetchone()
+        return json.loads(r[0]) if r else None
 
-    def kv_set(self, key: str, value: str) -> None:
+    def set_device_fact(self, device: str, kind: str, value) -> None:
         self.db.execute("INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value=excluded.value",
-                        (key, value))
+                        (f"{kind}/{device}", json.dumps(value, default=str)))
 
     # ---- rows ----
     def rows_frame(self, recipe: str | None = None, done_only: bool = True):

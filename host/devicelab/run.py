@@ -249,8 +249,8 @@ class Executor:
                 self.ev.stage(f"llama.cpp build for {dev.name} ({tgt.name})")
                 build = buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
             self._snap_tools = snapshots.available(t)
-            if snapshots.restore_if_pending(t, self._snap_tools, self.ledger.kv_get(self._unplug_key(dev)) == "1"):
-                self.ledger.kv_set(self._unplug_key(dev), "0")
+            if snapshots.restore_if_pending(t, self._snap_tools, bool(self.ledger.device_fact(dev.name, "battery-unplugged"))):
+                self.ledger.set_device_fact(dev.name, "battery-unplugged", False)
                 self.ev.stage(f"{dev.name}: charging state restored (dumpsys battery reset): an earlier run lost "
                               "the device while it was set unplugged")
             # macOS: the SoC's energy model (CPU/GPU/ANE) beside each payload, where the user may run it
@@ -315,21 +315,16 @@ class Executor:
         except ValueError:
             return None
 
-    @staticmethod
-    def _unplug_key(dev: labmod.Device) -> str:
-        return f"battery-unplugged/{dev.name}"
-
     BASELINE_MAX_AGE_S = 6 * 3600
 
     def _idle_baseline(self, t: Transport, kit: str, dev: labmod.Device) -> float | None:
         """The device's idle temperature: its hottest zone at first contact, or a cooler reading of it kept in
         the ledger from the last hours (a run resumed right after a heavy one starts on a warm device)."""
         now = self._hottest(t, kit, dev)
-        key = f"idle-baseline/{dev.name}"
-        old = json.loads(self.ledger.kv_get(key) or "null")
+        old = self.ledger.device_fact(dev.name, "idle-baseline")
         fresh = old if old and time.time() - old["at"] < self.BASELINE_MAX_AGE_S else None
         if now is not None and (fresh is None or now <= fresh["c"]):
-            self.ledger.kv_set(key, json.dumps({"c": now, "at": time.time()}))
+            self.ledger.set_device_fact(dev.name, "idle-baseline", {"c": now, "at": time.time()})
             return now
         if fresh is not None:
             self.ev.stage(f"{dev.name}: idle baseline {fresh['c']:.1f} °C, measured "
@@ -343,14 +338,15 @@ class Executor:
         if baseline is None:
             return Row(metric="cooldown_wait", value=0.0, phase="cell", test="no thermal zone: no wait")
         spec = self.recipe.telemetry
+        limit = baseline + spec.cooldown_delta_c
         t0 = time.time()
         now = self._hottest(t, kit, dev)
-        while now is not None and now > baseline + spec.cooldown_delta_c and time.time() - t0 < spec.cooldown_timeout_s:
+        while now is not None and now > limit and time.time() - t0 < spec.cooldown_timeout_s:
             time.sleep(2.0)
             now = self._hottest(t, kit, dev)
         waited = time.time() - t0
         goal = f"baseline {baseline:.1f} °C + {spec.cooldown_delta_c:g}"
-        if now is not None and now > baseline + spec.cooldown_delta_c:
+        if now is not None and now > limit:
             self.ev.stage(f"warning: {dev.name} still at {now:.1f} °C after {waited:.0f} s ({goal}): measuring warm; "
                           "raise telemetry.cooldown_timeout_s to wait longer")
             return Row(metric="cooldown_wait", value=waited, phase="cell", test=f"timed out at {now:.1f} °C ({goal})")
@@ -482,8 +478,8 @@ class Executor:
         tools = getattr(self, "_snap_tools", set())
         results = {}
         try:
-            with snapshots.ChargingHygiene(t, tools, pending=lambda on: self.ledger.kv_set(
-                    self._unplug_key(dev), "1" if on else "0")):
+            with snapshots.ChargingHygiene(t, tools, pending=lambda on: self.ledger.set_device_fact(
+                    dev.name, "battery-unplugged", on)):
                 local_base.mkdir(parents=True, exist_ok=True)
                 snap_rows, snap_start = snapshots.take(t, tools, "start", local_base)
                 if snap_start.get("dumpsys-power", {}).get("screen_on") and not getattr(self, "_screen_warned", False):
@@ -553,11 +549,9 @@ class Executor:
             plain = "\n".join(l.split("\t", 1)[1] if "\t" in l else l for l in stdout.splitlines())
             rows += evals.parse_device_mc(plain + "\n" + stderr, c.params)
         pmf = local_base / "powermetrics.plist"
-        cal_key = f"battery-calibration/{dev.name}"
-        prior = self.ledger.kv_get(cal_key)
         summ = normalize.summarize(trace, phases, cell_window,
                                    parsers.powermetrics(pmf.read_bytes()) if pmf.is_file() else None,
-                                   prior_calibration=json.loads(prior) if prior else None)
+                                   prior_calibration=self.ledger.device_fact(dev.name, "battery-calibration"))
         rows += summ.rows + snap_rows
         ts0 = snap_start.get("dumpsys-thermalservice", {}).get("thermal_status")
         ts1 = snap_end.get("dumpsys-thermalservice", {}).get("thermal_status")
@@ -593,7 +587,7 @@ class Executor:
         if summ.calibration.get("method") in {n for n, _ in normalize.COUNTERS}:
             # the battery's counter moved during this cell: the device's calibration from now on, for
             # cells too short for its counter to move
-            self.ledger.kv_set(cal_key, json.dumps({**summ.calibration, "cell": c.cell_id}))
+            self.ledger.set_device_fact(dev.name, "battery-calibration", {**summ.calibration, "cell": c.cell_id})
 
     def _model_context(self, c: Cell, qf) -> dict:
         info = qf.info

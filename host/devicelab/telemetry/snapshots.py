@@ -79,7 +79,7 @@ class ChargingHygiene:
     def __exit__(self, etype, e, tb):
         if self.on:
             try:
-                restored = self.t.run(["dumpsys", "battery", "reset"], timeout=30).rc == 0
+                restored = _reset(self.t)
             except Exception:
                 if etype is None:
                     raise
@@ -92,6 +92,8 @@ class ChargingHygiene:
 def restore_if_pending(t: Transport, tools: set[str], pending: bool) -> bool:
     """First contact after a run that lost the device mid-cell: reset the battery service it left unplugged.
     True when it did."""
-    if not pending or "dumpsys" not in tools:
-        return False
+    return pending and "dumpsys" in tools and _reset(t)
+
+
+def _reset(t: Transport) -> bool:
     return t.run(["dumpsys", "battery", "reset"], timeout=30).rc == 0
