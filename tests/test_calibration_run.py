@@ -13,7 +13,6 @@ from test_sampler import SHELLS, Writer
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not SHELLS, reason="needs dash or busybox")]
 
 
-
 def test_battery_calibration_carries_to_a_later_cell(tmp_path, host_build, smol_path):
     root = tmp_path / "sysfs"
     # a board idling at 8 mA whose driver says -8000: µA, discharge negative. The magnitude rule alone

@@ -14,7 +14,6 @@ from conftest import fixture_board_run
 pytestmark = pytest.mark.e2e
 
 
-
 class Zone(threading.Thread):
     """One thermal zone (m°C) following temp(t), t in seconds since set()."""
 
