@@ -45,8 +45,12 @@ def main():
             ours, theirs, sync = [], [], []
             print(f"devicelab uses the adb client: {t.adb_cli()}")
             for i in range(a.rounds):
-                t0 = time.time(); t.put(f, str(d / "wd" / f"a{i}")); ours.append(time.time() - t0)
-                t0 = time.time(); t._d().sync.push(str(f), str(d / "wd" / f"s{i}")); sync.append(time.time() - t0)
+                t0 = time.time()
+                t.put(f, str(d / "wd" / f"a{i}"))
+                ours.append(time.time() - t0)
+                t0 = time.time()
+                t._d().sync.push(str(f), str(d / "wd" / f"s{i}"))
+                sync.append(time.time() - t0)
                 t0 = time.time()
                 r = adb.cmd("-s", serial, "push", str(f), str(d / "wd" / f"b{i}"), timeout=600)
                 theirs.append(time.time() - t0)

@@ -207,8 +207,11 @@ class AdbdPeer:
         bindir.mkdir(exist_ok=True)
         (self.d / "build.prop").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         gp = bindir / "getprop"
-        gp.write_text(f'#!/bin/sh\nf={self.d}/build.prop\nif [ $# -eq 0 ]; then sed "s/^\\([^=]*\\)=\\(.*\\)$/[\\1]: [\\2]/" "$f"; '
-                      f'else v=$(grep -m1 "^$1=" "$f" | cut -d= -f2-); echo "${{v:-$2}}"; fi\n')
+        gp.write_text(
+            f'#!/bin/sh\nf={self.d}/build.prop\n'
+            f'if [ $# -eq 0 ]; then sed "s/^\\([^=]*\\)=\\(.*\\)$/[\\1]: [\\2]/" "$f"; '
+            f'else v=$(grep -m1 "^$1=" "$f" | cut -d= -f2-); echo "${{v:-$2}}"; fi\n'
+        )
         gp.chmod(gp.stat().st_mode | stat.S_IEXEC)
         self.sh = "sh"
         path = os.environ["PATH"]
@@ -223,8 +226,11 @@ class AdbdPeer:
         return [parse_adb_pubkey(l) for l in self.adb_keys.read_text().splitlines() if l.strip()]
 
     def banner(self) -> bytes:
-        props = "".join(f"{k}={self.props[k]};" for k in ("ro.product.name", "ro.product.model", "ro.product.device")
-                        if k in self.props)
+        props = "".join(
+            f"{k}={self.props[k]};"
+            for k in ("ro.product.name", "ro.product.model", "ro.product.device")
+            if k in self.props
+        )
         return f"device::{props}features=shell_v2,cmd,fixed_push_mkdir\0".encode()
 
     # ---------------------------------------------------------------- lifecycle
@@ -250,7 +256,7 @@ class AdbdPeer:
         """Unplug: drop every connection, stop listening, kill what the 'device' was running."""
         if self.srv:
             try:
-                self.srv.shutdown(socket.SHUT_RDWR)   # wakes the accept() thread: close alone keeps listening
+                self.srv.shutdown(socket.SHUT_RDWR)  # wakes the accept() thread: close alone keeps listening
             except OSError:
                 pass
             self.srv.close()
@@ -289,9 +295,15 @@ class AdbdPeer:
     def _shell(self, st: Stream, cmd: str, v2: bool, exec_: bool = False):
         if not cmd:
             return
-        p = subprocess.Popen([self.sh, "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE if (v2 or exec_) else subprocess.STDOUT, env=self.env,
-                             cwd="/", start_new_session=True)
+        p = subprocess.Popen(
+            [self.sh, "-c", cmd],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE if (v2 or exec_) else subprocess.STDOUT,
+            env=self.env,
+            cwd="/",
+            start_new_session=True,
+        )
         self.procs.append(p)
 
         def feed():
@@ -359,7 +371,11 @@ class AdbdPeer:
                     for name in sorted(os.listdir(arg)):
                         s = os.lstat(os.path.join(arg, name))
                         nb = name.encode()
-                        st.write(b"DENT" + struct.pack("<4I", s.st_mode, s.st_size & 0xFFFFFFFF, int(s.st_mtime), len(nb)) + nb)
+                        st.write(
+                            b"DENT"
+                            + struct.pack("<4I", s.st_mode, s.st_size & 0xFFFFFFFF, int(s.st_mtime), len(nb))
+                            + nb
+                        )
                 except OSError:
                     pass
                 st.write(b"DONE" + struct.pack("<4I", 0, 0, 0, 0))
@@ -429,6 +445,7 @@ class AdbServer:
 
     def __init__(self, d: Path, port: int):
         import shutil
+
         self.adb = shutil.which("adb") or "adb"
         self.home = Path(d) / "home"
         self.home.mkdir(parents=True, exist_ok=True)
@@ -436,8 +453,9 @@ class AdbServer:
         self.env = dict(os.environ, HOME=str(self.home), ANDROID_USER_HOME=str(self.home / ".android"))
 
     def cmd(self, *args, timeout=30) -> subprocess.CompletedProcess:
-        return subprocess.run([self.adb, "-P", str(self.port), *args], capture_output=True, text=True,
-                              env=self.env, timeout=timeout)
+        return subprocess.run(
+            [self.adb, "-P", str(self.port), *args], capture_output=True, text=True, env=self.env, timeout=timeout
+        )
 
     def start(self):
         r = self.cmd("start-server")
@@ -469,7 +487,7 @@ def free_port() -> int:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             p = s.getsockname()[1]
-        if not 5555 <= p <= 5585:          # the adb server scans these for emulators
+        if not 5555 <= p <= 5585:  # the adb server scans these for emulators
             return p
 
 
@@ -478,8 +496,10 @@ def fake_dumpsys(peer: AdbdPeer, battery: Path, thermal: Path) -> Path:
     so the charging hygiene (unplug … reset) can be checked."""
     log = peer.d / "dumpsys.log"
     p = peer.d / "bin" / "dumpsys"
-    p.write_text(f'#!/bin/sh\necho "$*" >> {log}\ncase "$1 $2" in\n'
-                 f'  "battery unplug"|"battery reset") ;;\n  "battery ") cat {battery} ;;\n'
-                 f'  "thermalservice ") cat {thermal} ;;\nesac\n')
+    p.write_text(
+        f'#!/bin/sh\necho "$*" >> {log}\ncase "$1 $2" in\n'
+        f'  "battery unplug"|"battery reset") ;;\n  "battery ") cat {battery} ;;\n'
+        f'  "thermalservice ") cat {thermal} ;;\nesac\n'
+    )
     p.chmod(p.stat().st_mode | stat.S_IEXEC)
     return log

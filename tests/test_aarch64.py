@@ -2,17 +2,16 @@
 on SmolLM2 under qemu-aarch64-static — standalone and as a lab device whose binaries run through qemu
 (an emulated board: the binaries and the model are the real ones, the CPU is QEMU's)."""
 
+import json
 import shutil
 import struct
 import subprocess
-import json
 
 import pytest
+from conftest import devicelab
 
 from devicelab.build import cache, targets
 from devicelab.models.ladder import Ladder
-
-from conftest import devicelab
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
     not (shutil.which("aarch64-linux-gnu-gcc") and shutil.which("qemu-aarch64-static")),

@@ -13,13 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
+from adbd_peer import AdbdPeer, AdbServer, fake_dumpsys, free_port
+from conftest import FIXTURES, check_forward, devicelab, echo_server
 
 from devicelab import push
 from devicelab.errors import DevicelabError, RetryableError
 from devicelab.transports.adb import ADBTransport
-
-from adbd_peer import AdbdPeer, AdbServer, fake_dumpsys, free_port
-from conftest import FIXTURES, check_forward, devicelab, echo_server
 
 pytestmark = pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)")
 PROPS = {"ro.product.model": "Peer 7", "ro.product.manufacturer": "devicelab", "ro.product.name": "peer",
@@ -224,12 +223,14 @@ def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_pat
     recipe = tmp_path / "r.yaml"
     # without an NDK the phone gets the static aarch64 build; its binaries run in the peer under qemu
     # (the device/host logit check under qemu is test_aarch64's: here it would only double the qemu time)
-    recipe.write_text(PHONE_RECIPE.replace("repetitions: 1}\n", "repetitions: 1}\n  - {kind: kld, ctx: 128, chunks: 2, host_check: false}\n"))
+    recipe.write_text(PHONE_RECIPE.replace(
+        "repetitions: 1}\n", "repetitions: 1}\n  - {kind: kld, ctx: 128, chunks: 2, host_check: false}\n"))
     env = {k: "" for k in ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT")}
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", env=env)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "phone: ship smollm2-135m" in p.stdout and "no Android NDK" in p.stderr
     from devicelab.ledger import Ledger
+
     rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
     assert rows.target.str.startswith("aarch64-linux-static").all()
     assert rows.device_facts.str.contains("Android 14").all() and rows.device_facts.str.contains("Peer 7").all()
@@ -242,9 +243,54 @@ def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_pat
     calls = log.read_text().splitlines()
     assert calls.count("battery unplug") == calls.count("battery reset") == 4
     assert rows[rows.metric == "thermal_status"].value.eq(2).all()
-    if ANDROID_USERLAND:        # the sampler ran in the phone's userland: mksh's read -t, no awk there
+    if ANDROID_USERLAND:  # the sampler ran in the phone's userland: mksh's read -t, no awk there
         csvs = list((tmp_path / "lab" / "artifacts").glob("*/attempt-*/telemetry.csv"))
         assert len(csvs) == 4 and all("# pace readt reader=sh" in c.read_text() for c in csvs)
+    peer.kill()
+
+
+PHONE_SERVER_RECIPE = """
+name: phone-tools
+devices: [phone]
+models: [{{name: smollm2-135m}}]
+quants: [q4_0]
+payloads:
+  - {{kind: batched, prompt: 8, gen: 4, parallel: [1, 2], threads: 2}}
+  - {{kind: eval, route: server-generate, include: {tasks}, lm_tasks: [devicelab_copy], limit: 4, ctx: 256}}
+recommend: {{context: 512, max_kld_mean: 1, min_decode_tps: 0.1}}
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not shutil.which("qemu-aarch64-static"), reason="needs qemu-user-static")
+def test_batched_and_llama_server_on_the_phone_peer(adb, tmp_path, source, host_build, smol_path):
+    """The phone's build carries llama-batched-bench and llama-server (the static aarch64 build without an
+    NDK): a batched cell and an lm-eval generation task against llama-server on the phone, reached through
+    `adb forward`, record rows — not skips."""
+    pytest.importorskip("lm_eval")
+    from conftest import REPO
+
+    peer = make_peer(tmp_path, adb, userland="android" if ANDROID_USERLAND else "host")
+    root = _battery_root(tmp_path)
+    lab = _phone_lab(tmp_path, adb, peer, root)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(PHONE_SERVER_RECIPE.format(tasks=REPO / "recipes" / "tasks" / "lm-eval"))
+    env = {k: "" for k in ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT")}
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", env=env)
+    assert p.returncode == 0, p.stdout + p.stderr
+    from devicelab.ledger import Ledger
+
+    led = Ledger(tmp_path / "lab" / "ledger.sqlite")
+    assert [c["status"] for c in led.cells()] == ["done", "done"]
+    rows = led.rows_frame()
+    assert rows.target.str.startswith("aarch64-linux-static").all()
+    agg = rows[rows.metric == "aggregate_tps"]
+    assert sorted(agg.n_parallel.astype(int)) == [1, 2] and (agg.value > 0).all()
+    acc = rows[(rows.metric == "accuracy") & (rows.eval_route == "server-generate")]
+    assert len(acc) == 1 and int(acc.n.iloc[0]) == 4
+    assert rows[rows.metric == "tokens_generated"].value.iloc[0] >= 4
+    # the server ran on the phone under the sampler: its power from the phone's (fixture) battery
+    assert rows[(rows.metric == "power_mean") & (rows.phase == "cell")].value.notna().all()
     peer.kill()
 
 
@@ -252,17 +298,31 @@ def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_pat
 @pytest.mark.skipif(not shutil.which("qemu-aarch64-static"), reason="needs qemu-user-static")
 def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, smol_path):
     peer = make_peer(tmp_path, adb)
-    log = fake_dumpsys(peer, FIXTURES / "snapshots/dumpsys-battery-unplugged.txt",
-                       FIXTURES / "snapshots/dumpsys-thermalservice.txt")
+    log = fake_dumpsys(
+        peer, FIXTURES / "snapshots/dumpsys-battery-unplugged.txt", FIXTURES / "snapshots/dumpsys-thermalservice.txt"
+    )
     root = _battery_root(tmp_path)
     lab = _phone_lab(tmp_path, adb, peer, root)
     recipe = tmp_path / "r.yaml"
     # long enough to be cut mid-cell (model load alone takes seconds under qemu), short enough to re-run
     recipe.write_text(PHONE_RECIPE.replace("gen: [4]", "gen: [16]"))
     db = tmp_path / "lab" / "ledger.sqlite"
-    proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab", str(lab),
-                             "--lab-dir", str(tmp_path / "lab")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "devicelab.cli",
+            "run",
+            str(recipe),
+            "--lab",
+            str(lab),
+            "--lab-dir",
+            str(tmp_path / "lab"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 600
     while time.time() < deadline:
         try:
@@ -273,14 +333,16 @@ def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, 
             break
         time.sleep(0.05)
     time.sleep(2.0)
-    peer.kill()                                            # the phone is unplugged mid-cell
+    peer.kill()  # the phone is unplugged mid-cell
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out + err
     con = sqlite3.connect(db)
     st = dict(con.execute("SELECT status, count(*) FROM cells GROUP BY 1").fetchall())
     assert st.get("failed-retryable", 0) >= 1 and "running" not in st
-    assert con.execute("SELECT count(*) FROM rows r JOIN cells c USING(cell_id) WHERE c.status != 'done'"
-                       ).fetchone()[0] == 0
+    assert (
+        con.execute("SELECT count(*) FROM rows r JOIN cells c USING(cell_id) WHERE c.status != 'done'").fetchone()[0]
+        == 0
+    )
     # the link went while the phone was set unplugged: no reset could reach it
     before = log.read_text().splitlines()
     assert before.count("battery unplug") == 1 and "battery reset" not in before, before
@@ -291,8 +353,8 @@ def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, 
     # first contact restores the charging state before anything else is measured; every unplug is undone
     assert "phone: charging state restored (dumpsys battery reset)" in p.stderr
     calls = log.read_text().splitlines()
-    after = calls[calls.index("battery unplug") + 1:]
-    assert after[:after.index("battery unplug")].count("battery reset") == 1, calls
+    after = calls[calls.index("battery unplug") + 1 :]
+    assert after[: after.index("battery unplug")].count("battery reset") == 1, calls
     assert calls.count("battery unplug") == calls.count("battery reset") and calls[-1] == "battery reset"
     peer2.kill()
 
@@ -306,14 +368,22 @@ def test_two_phones_by_serial_one_unplugged_the_other_goes_on(adb, tmp_path, sou
     b = AdbdPeer(tmp_path / "peer-b", free_port(), keys, {**PROPS, "ro.product.model": "Peer B"}).start()
     root = _battery_root(tmp_path)
     lab = tmp_path / "lab.yaml"
-    lab.write_text("devices:\n" + "".join(
-        f"  - name: phone-{n}\n    transport: adb\n    serial: '127.0.0.1:{p.port}'\n    adb_port: {adb.port}\n"
-        f"    workdir: '{tmp_path}/phone-{n}-tmp'\n    telemetry_root: '{root}'\n"
-        "    cpu_features: 'fp asimd asimddp'\n    exec_prefix: [qemu-aarch64-static]\n" for n, p in (("a", a), ("b", b))))
+    lab.write_text(
+        "devices:\n"
+        + "".join(
+            f"  - name: phone-{n}\n    transport: adb\n    serial: '127.0.0.1:{p.port}'\n    adb_port: {adb.port}\n"
+            f"    workdir: '{tmp_path}/phone-{n}-tmp'\n    telemetry_root: '{root}'\n"
+            "    cpu_features: 'fp asimd asimddp'\n    exec_prefix: [qemu-aarch64-static]\n"
+            for n, p in (("a", a), ("b", b))
+        )
+    )
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(PHONE_RECIPE.replace("devices: [phone]", "devices: [phone-a, phone-b]")
-                      .replace("quants: [q8_0, q4_0]", "quants: [q4_0]"))
-    a.kill()                                              # phone A is unplugged before the run
+    recipe.write_text(
+        PHONE_RECIPE.replace("devices: [phone]", "devices: [phone-a, phone-b]").replace(
+            "quants: [q8_0, q4_0]", "quants: [q4_0]"
+        )
+    )
+    a.kill()  # phone A is unplugged before the run
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 1, p.stdout + p.stderr
     con = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite")
@@ -327,6 +397,6 @@ def test_two_phones_by_serial_one_unplugged_the_other_goes_on(adb, tmp_path, sou
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     assert dict(con.execute("SELECT device, status FROM cells").fetchall()) == {"phone-a": "done", "phone-b": "done"}
-    assert con.execute("SELECT attempts FROM cells WHERE device='phone-b'").fetchone()[0] == 1   # not re-run
+    assert con.execute("SELECT attempts FROM cells WHERE device='phone-b'").fetchone()[0] == 1  # not re-run
     a2.kill()
     b.kill()

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from adbd_peer import android_userland
+from test_sampler import I0, V_BAT, K, Writer
 
 from devicelab import paths
 from devicelab.telemetry import normalize, sampler_csv
 from devicelab.transports.base import put_script
-from adbd_peer import android_userland
-from test_sampler import I0, K, V_BAT, Writer
 
 pytestmark = pytest.mark.skipif(not (shutil.which("mksh") and shutil.which("toybox")),
                                 reason="needs Debian's mksh and toybox (Android's shell and coreutils)")

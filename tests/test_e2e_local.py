@@ -6,7 +6,6 @@ import sqlite3
 
 import pandas as pd
 import pytest
-
 from conftest import FIXTURES, REPO, devicelab
 
 pytestmark = pytest.mark.e2e

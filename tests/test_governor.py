@@ -7,10 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import devicelab
 
 from devicelab import paths
-
-from conftest import devicelab
 
 SHELLS = [s for s in (["dash"], ["busybox", "sh"]) if shutil.which(s[0])]
 SCRIPT = paths.device_payloads_dir() / "governor.sh"

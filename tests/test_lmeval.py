@@ -7,11 +7,10 @@ import json
 import sqlite3
 
 import pytest
-
-from devicelab.errors import DevicelabError
-from devicelab.payloads import lmeval
-
 from conftest import REPO, devicelab
+
+from devicelab import lmeval
+from devicelab.errors import DevicelabError
 
 TASKS = REPO / "recipes" / "tasks" / "lm-eval"
 

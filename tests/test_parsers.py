@@ -3,12 +3,12 @@
 import math
 
 import pytest
+from conftest import FIXTURES
 
-from devicelab.payloads import bench, perplexity
+from devicelab.kinds import bench
+from devicelab.kinds import kld as perplexity
 from devicelab.schema import Row
 from devicelab.telemetry import sampler_csv
-
-from conftest import FIXTURES
 
 
 def test_bench_jsonl_rows_keep_every_repetition():

@@ -1,8 +1,8 @@
 """The sampler's peak RSS of a real llama-bench agrees with /usr/bin/time -v within 5%."""
 
 import re
-from pathlib import Path
 import subprocess
+from pathlib import Path
 
 import pytest
 

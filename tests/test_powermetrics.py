@@ -8,11 +8,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import FIXTURES
 
 from devicelab import paths
 from devicelab.telemetry import normalize, parsers, sampler_csv
-
-from conftest import FIXTURES
 
 PM = FIXTURES / "snapshots" / "powermetrics-m2.plist"
 
@@ -67,11 +66,13 @@ def test_summary_on_a_mac_takes_cell_energy_clock_and_throttle_from_powermetrics
     by = {(r.metric, r.phase): r for r in summ.rows}
     assert by[("energy", "cell")].value == pytest.approx(0.455 + 1.670 + 1.748)
     assert by[("power_mean", "cell")].value == pytest.approx((0.455 + 1.670 + 1.748) / 0.303)
-    assert by[("cpu_freq_mean", "cell")].value == pytest.approx(((2.02 + 3.49) + (1.92 + 3.29) + (1.82 + 3.09)) / 6 * 1e9)
+    assert by[("cpu_freq_mean", "cell")].value == pytest.approx(
+        ((2.02 + 3.49) + (1.92 + 3.29) + (1.82 + 3.09)) / 6 * 1e9
+    )
     assert by[("thermal_status", "cell")].value == 2
     assert summ.throttled is True and summ.calibration["source"] == "powermetrics"
     tg = by[("energy", "tg")]
-    assert tg.value != tg.value and "no sub-second device clock" in tg.missing_reason   # NaN with a reason
+    assert tg.value != tg.value and "no sub-second device clock" in tg.missing_reason  # NaN with a reason
 
 
 def test_without_powermetrics_a_mac_reports_energy_missing():
@@ -85,14 +86,30 @@ def test_without_powermetrics_a_mac_reports_energy_missing():
 def test_runner_starts_powermetrics_beside_the_payload_and_stops_it(tmp_path, fakebin, how):
     out = tmp_path / "cell"
     log = tmp_path / "pm"
-    env = dict(os.environ, PATH=f"{fakebin}:{os.environ['PATH']}", LOG=str(log), FIXTURE=str(PM),
-               DEVICELAB_POWERMETRICS=how)
+    env = dict(
+        os.environ, PATH=f"{fakebin}:{os.environ['PATH']}", LOG=str(log), FIXTURE=str(PM), DEVICELAB_POWERMETRICS=how
+    )
     runner = paths.device_payloads_dir() / "run_payload.sh"
-    p = subprocess.run(["sh", str(runner), str(out), "50", "/", "--", "sleep", "0.6"], env=env,
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        ["sh", str(runner), str(out), "50", "/", "--", "sleep", "0.6"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 0, p.stderr
     assert log.with_suffix(".argv").read_text().split() == [
-        "-i", "100", "-b", "1", "-f", "plist", "-s", "cpu_power,gpu_power,thermal", "-o", str(out / "powermetrics.plist")]
+        "-i",
+        "100",
+        "-b",
+        "1",
+        "-f",
+        "plist",
+        "-s",
+        "cpu_power,gpu_power,thermal",
+        "-o",
+        str(out / "powermetrics.plist"),
+    ]
     assert log.with_suffix(".sig").read_text().strip() == "TERM", "stopped once the payload ended"
     assert log.with_suffix(".via").exists() == (how == "sudo")
     pids = dict(kv.split("=") for kv in (out / "pids").read_text().split())
@@ -105,6 +122,11 @@ def test_runner_without_the_setting_starts_no_powermetrics(tmp_path, fakebin):
     out = tmp_path / "cell"
     env = dict(os.environ, PATH=f"{fakebin}:{os.environ['PATH']}", LOG=str(tmp_path / "pm"), FIXTURE=str(PM))
     env.pop("DEVICELAB_POWERMETRICS", None)
-    p = subprocess.run(["sh", str(paths.device_payloads_dir() / "run_payload.sh"), str(out), "50", "/", "--", "true"],
-                       env=env, capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        ["sh", str(paths.device_payloads_dir() / "run_payload.sh"), str(out), "50", "/", "--", "true"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 0 and not (out / "powermetrics.plist").exists() and not Path(f"{tmp_path}/pm.argv").exists()

@@ -23,6 +23,8 @@ def test_probe_this_machine_and_a_fixture_tree(tmp_path):
     assert "no  battery" in here and "no readable /sys/class/power_supply" in here
     assert "yes payload peak RSS" in here
     assert "yes thermal zones: 1 zones" in board
-    assert "yes power rails (hwmon, Jetson INA3221): 3 rails (POM_5V_IN, POM_5V_GPU, POM_5V_CPU); board input POM_5V_IN" \
+    assert (
+        "yes power rails (hwmon, Jetson INA3221): 3 rails (POM_5V_IN, POM_5V_GPU, POM_5V_CPU); board input POM_5V_IN"
         in " ".join(board.split())
+    )
     assert "no  power rails" in here

@@ -8,11 +8,10 @@ import subprocess
 import time
 
 import pytest
+from conftest import REPO, devicelab
 
 from devicelab import paths
 from devicelab.recommend import Candidate, dominates
-
-from conftest import REPO, devicelab
 
 pytestmark = pytest.mark.e2e
 RECIPE = REPO / "recipes" / "two-models.yaml"
@@ -45,7 +44,9 @@ def test_two_model_frontier_and_recommendation(lab):
     rec = json.loads(devicelab("recommend", "--lab-dir", d, "--recipe", RECIPE, "--json", check=True).stdout)[0]
     assert rec["quality_axis"] == "accuracy"          # KLD is not comparable across models
     assert rec["frontier"] and rec["pick"]
-    cands = [Candidate(**{k: v for k, v in c.items() if k in Candidate.__dataclass_fields__}) for c in rec["candidates"]]
+    cands = [
+        Candidate(**{k: v for k, v in c.items() if k in Candidate.__dataclass_fields__}) for c in rec["candidates"]
+    ]
     pick = next(c for c in cands if (c.model, c.quant) == (rec["pick"]["model"], rec["pick"]["quant"]))
     passing = [c for c in cands if not c.failures]
     assert not any(dominates(o, pick, "accuracy") for o in passing if o is not pick)
@@ -88,8 +89,9 @@ def test_device_host_check_fails_when_a_different_file_is_swapped_in(tmp_path, h
     recipe.write_text(SWAP)
     # A text of this test's own (a unique first line), so the host logits it swaps are made by this run and
     # no other test's cached reference (same ctx/chunks/default text) can be picked up instead.
-    (tmp_path / "swap-text.txt").write_text(f"swap test {tmp_path.name} {os.getpid()} {time.time()}\n"
-                                            + (source.path / "docs" / "build.md").read_text())
+    (tmp_path / "swap-text.txt").write_text(
+        f"swap test {tmp_path.name} {os.getpid()} {time.time()}\n" + (source.path / "docs" / "build.md").read_text()
+    )
     kld = paths.sub("kld")
     before = set(kld.glob("smollm2-135m-*-host-*.kld"))
     devicelab("run", recipe, "--lab-dir", tmp_path / "a", check=True)
@@ -101,16 +103,18 @@ def test_device_host_check_fails_when_a_different_file_is_swapped_in(tmp_path, h
     saved = tmp_path / "q8.kld.orig"
     shutil.copyfile(q8, saved)
     try:
-        shutil.copyfile(q2, q8)        # the host's reference for q8_0 is now another file's logits
+        shutil.copyfile(q2, q8)  # the host's reference for q8_0 is now another file's logits
         devicelab("run", recipe, "--lab-dir", tmp_path / "b", check=True)
     finally:
         shutil.copyfile(saved, q8)
     from devicelab.ledger import Ledger
+
     r = Ledger(tmp_path / "b" / "ledger.sqlite").rows_frame()
     dh = r[r.metric == "devhost_kld_mean"].set_index("quant").value
     assert dh["q8_0"] > 0.05 and dh["q2_k"] < 1e-3
-    rec = json.loads(devicelab("recommend", "--lab-dir", tmp_path / "b", "--recipe", recipe, "--json",
-                               check=True).stdout)[0]
+    rec = json.loads(
+        devicelab("recommend", "--lab-dir", tmp_path / "b", "--recipe", recipe, "--json", check=True).stdout
+    )[0]
     q8c = next(c for c in rec["candidates"] if c["quant"] == "q8_0")
     assert any("differ from the host's" in f for f in q8c["failures"])
 
@@ -120,19 +124,32 @@ def test_report_renders_in_a_real_browser(lab, tmp_path):
     d, _ = lab
     out = tmp_path / "report.html"
     devicelab("report", "--lab-dir", d, "--recipe", RECIPE, "-o", out, check=True)
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'chrome'}"]
-    dom = subprocess.run(["chromium", *flags, "--dump-dom", out.as_uri()], capture_output=True, text=True,
-                         timeout=120).stdout
-    assert "class=\"pick\"" in dom and "local: ship" in dom
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'chrome'}",
+    ]
+    dom = subprocess.run(
+        ["chromium", *flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
+    assert 'class="pick"' in dom and "local: ship" in dom
     assert dom.count("<img") >= 3 and "Roofline" in dom and "findings" in dom
     png = tmp_path / "shot.png"
-    subprocess.run(["chromium", *flags, "--window-size=1300,1800", f"--screenshot={png}", out.as_uri()],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        ["chromium", *flags, "--window-size=1300,1800", f"--screenshot={png}", out.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
     from PIL import Image
+
     im = Image.open(png).convert("RGB")
     assert im.size == (1300, 1800)
-    px = im.resize((260, 360)).tobytes()          # once: resizing inside the loop made this test take ~half an hour
-    colours = len({px[i:i + 3] for i in range(0, len(px), 3)})
+    px = im.resize((260, 360)).tobytes()  # once: resizing inside the loop made this test take ~half an hour
+    colours = len({px[i : i + 3] for i in range(0, len(px), 3)})
     assert colours > 50, "the page rendered plots and tables, not a blank page"

@@ -35,17 +35,30 @@ def test_valid_recipe_expands_to_cells(tmp_path):
     assert not {c.cell_id for c in cells} & {c.cell_id for c in expand(r, "deadbee", {"m": "ab" * 32})}
 
 
-@pytest.mark.parametrize("text,expect", [
-    (OK.replace("Q4_K_M", "q9_z"), r"quants: unknown quant type 'q9_z'; use one of f32, f16"),
-    (OK.replace("threads: [1, 2]", "threads: [0]"), r"payloads\.0\.bench\.threads: thread count 0: give an integer ≥ 1 or auto"),
-    (OK.replace("{kind: kld}", "{kind: kld, ctx: 64, chunks: 1}"), r"payloads\.1\.kld: ctx 64 × chunks 1 scores 31 tokens; llama-perplexity prints KL-divergence statistics only over ≥ 100"),
-    (OK.replace("threads: [1, 2]", "threads: [1, 2], cpu_masks: [huge]"), r"cpu mask 'huge': give a hex mask \(0xf0\) or prime \| big \| little \| all"),
-    (OK.replace("kind: kld", "kind: kldx"), r"payloads\.1: Input tag 'kldx' found using 'kind' does not match"),
-    (OK + "colour: red\n", r"colour: Extra inputs are not permitted"),
-    (OK.replace("name: t", "name: 'a b'"), r"name: String should match pattern"),
-    ("name: t\nmodels: [\n", r"malformed YAML at line \d+"),
-    ("- just\n- a list\n", r"a recipe must be a YAML mapping"),
-])
+@pytest.mark.parametrize(
+    "text,expect",
+    [
+        (OK.replace("Q4_K_M", "q9_z"), r"quants: unknown quant type 'q9_z'; use one of f32, f16"),
+        (
+            OK.replace("threads: [1, 2]", "threads: [0]"),
+            r"payloads\.0\.bench\.threads: thread count 0: give an integer ≥ 1 or auto",
+        ),
+        (
+            OK.replace("{kind: kld}", "{kind: kld, ctx: 64, chunks: 1}"),
+            r"payloads\.1\.kld: ctx 64 × chunks 1 scores 31 tokens; llama-perplexity prints KL-divergence "
+            r"statistics only over ≥ 100",
+        ),
+        (
+            OK.replace("threads: [1, 2]", "threads: [1, 2], cpu_masks: [huge]"),
+            r"cpu mask 'huge': give a hex mask \(0xf0\) or prime \| big \| little \| all",
+        ),
+        (OK.replace("kind: kld", "kind: kldx"), r"payloads\.1: Input tag 'kldx' found using 'kind' does not match"),
+        (OK + "colour: red\n", r"colour: Extra inputs are not permitted"),
+        (OK.replace("name: t", "name: 'a b'"), r"name: String should match pattern"),
+        ("name: t\nmodels: [\n", r"malformed YAML at line \d+"),
+        ("- just\n- a list\n", r"a recipe must be a YAML mapping"),
+    ],
+)
 def test_bad_recipe_one_line(tmp_path, text, expect):
     with pytest.raises(DevicelabError, match=expect) as ei:
         recipes.load(write(tmp_path, text))
@@ -62,7 +75,7 @@ def test_lab_file(tmp_path):
     p = write(tmp_path, "devices:\n  - {name: pi, transport: ssh, host: 127.0.0.1, port: 2222}\n", "lab.yaml")
     L = lab.load(p)
     assert L.device("pi").port == 2222
-    assert L.device("local").transport == "local"    # local always exists
+    assert L.device("local").transport == "local"  # local always exists
     with pytest.raises(DevicelabError, match=r"device 'phone' is not in the lab file \(known: pi\)"):
         L.device("phone")
     with pytest.raises(DevicelabError, match=r"devices\.0\.transport: Input should be 'local', 'ssh' or 'adb'"):

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, devicelab
 
 pytestmark = pytest.mark.e2e
@@ -59,7 +58,9 @@ def test_sigkill_mid_sweep_then_resume(tmp_path, host_build, smol_path):
     attempts = dict(con.execute("SELECT cell_id, attempts FROM cells").fetchall())
     assert attempts[killed[0]] == 2 and all(attempts[c] == 1 for c in done_before)
     # every cell has exactly one row per (test, metric, phase): no duplicates
-    dup = con.execute("SELECT cell_id, test, metric, phase, count(*) c FROM rows GROUP BY 1,2,3,4 HAVING c > 1").fetchall()
+    dup = con.execute(
+        "SELECT cell_id, test, metric, phase, count(*) c FROM rows GROUP BY 1,2,3,4 HAVING c > 1"
+    ).fetchall()
     assert dup == []
     per_cell = set(r[0] for r in con.execute("SELECT count(*) FROM rows GROUP BY cell_id"))
     assert len(per_cell) == 1, "every cell has the same number of rows"
@@ -67,9 +68,12 @@ def test_sigkill_mid_sweep_then_resume(tmp_path, host_build, smol_path):
     # the stale llama-bench of the killed attempt was stopped, not left competing for the CPU
     from devicelab.lab import Device
     from devicelab.transports import open_transport
+
     wd = open_transport(Device(name="local")).workdir()
     pids = (Path(wd) / "cells" / killed[0] / "attempt-1" / "pids").read_text().split()
     assert len(pids) == 3
     for kv in pids:
-        assert not Path(f"/proc/{kv.split('=')[1]}").exists() or \
-            Path(f"/proc/{kv.split('=')[1]}/status").read_text().find("State:\tZ") >= 0, kv
+        assert (
+            not Path(f"/proc/{kv.split('=')[1]}").exists()
+            or Path(f"/proc/{kv.split('=')[1]}/status").read_text().find("State:\tZ") >= 0
+        ), kv

@@ -242,16 +242,18 @@ def test_a_cell_whose_counter_did_not_move_takes_the_device_calibration(tmp_path
     assert s.calibration["method"] == "device calibration (charge_counter in cell c-earlier)"
     assert energy(s) == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01)
     assert energy(guess) == pytest.approx(8 * 3.8 * (t1 - t0), rel=0.01), "the guess alone is 1000x off"
-    other = normalize.summarize(tr, [], (t0, t1), prior_calibration={**prior, "source": "battery:sys/class/power_supply/bms"})
+    other = normalize.summarize(tr, [], (t0, t1),
+                                prior_calibration={**prior, "source": "battery:sys/class/power_supply/bms"})
     assert other.calibration["method"] == "magnitude+status", "another supply's calibration is not borrowed"
 
 
 def test_calibration_picks_ma_for_a_milliamp_vendor():
     import numpy as np
     import pandas as pd
+
     t = np.linspace(0, 60, 61)
-    raw = pd.Series(np.full(61, 450.0))                       # mA, positive = discharging on this vendor
-    cc = pd.Series(3_000_000 - 450_000 * t / 3600)            # µAh falling at 450 mA
+    raw = pd.Series(np.full(61, 450.0))  # mA, positive = discharging on this vendor
+    cc = pd.Series(3_000_000 - 450_000 * t / 3600)  # µAh falling at 450 mA
     cal = normalize.calibrate_current(t, raw, cc)
     assert cal["current_unit"] == "mA" and cal["current_sign"] == 1.0
 
@@ -266,13 +268,19 @@ def test_dash_moves_to_a_shell_with_read_t_and_paces_with_sleep_where_none(tmp_p
     try:
         moved = sample(["dash"], tmp_path / "root", tmp_path / "moved.csv", seconds=2, stay=False)
         stayed = sample(["dash"], tmp_path / "root", tmp_path / "stayed.csv", seconds=2, stay=True)
-        only = tmp_path / "only-dash"          # a device whose only shell is dash
+        only = tmp_path / "only-dash"  # a device whose only shell is dash
         only.mkdir()
         for tool in ("dash", "sleep", "mkfifo", "rm", "getconf", "printf", "ps"):
             if shutil.which(tool):
                 (only / tool).symlink_to(shutil.which(tool))
-        alone = sample([str(only / "dash")], tmp_path / "root", tmp_path / "alone.csv", seconds=2, stay=False,
-                       env={"PATH": str(only)})
+        alone = sample(
+            [str(only / "dash")],
+            tmp_path / "root",
+            tmp_path / "alone.csv",
+            seconds=2,
+            stay=False,
+            env={"PATH": str(only)},
+        )
     finally:
         w.stop.set()
         w.join()
@@ -318,11 +326,12 @@ def test_slow_sources_once_a_second_and_at_the_end_clock_per_cluster(tmp_path, s
     hot = root / "sys/class/thermal/thermal_zone29/temp"
     stop = threading.Event()
 
-    def heat():                      # the hottest zone climbs 20 °C a second
+    def heat():  # the hottest zone climbs 20 °C a second
         t0 = time.monotonic()
         while not stop.is_set():
             _write(hot, int(40_000 + 20_000 * (time.monotonic() - t0)))
             time.sleep(0.01)
+
     th = threading.Thread(target=heat, daemon=True)
     th.start()
     env = dict(os.environ)
@@ -337,8 +346,10 @@ def test_slow_sources_once_a_second_and_at_the_end_clock_per_cluster(tmp_path, s
         th.join()
     assert tr.reader == "awk"
     df = tr.frame
-    assert tr.columns(normalize.FREQ_COLS) == ["sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq",
-                                               "sys/devices/system/cpu/cpufreq/policy4/scaling_cur_freq"]
+    assert tr.columns(normalize.FREQ_COLS) == [
+        "sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq",
+        "sys/devices/system/cpu/cpufreq/policy4/scaling_cur_freq",
+    ]
     assert df[tr.columns(normalize.FREQ_COLS)].notna().all().all(), "clocks every tick"
     z = df["sys/class/thermal/thermal_zone29/temp"]
     read = df.index[z.notna()].tolist()
@@ -368,7 +379,7 @@ class RailWriter(threading.Thread):
             for n, (lab, mv) in enumerate((("VDD_IN", 5000), ("VDD_CPU_GPU_CV", 5000), ("VDD_SOC", 5000)), 1):
                 _write(self.d / f"in{n}_label", lab)
                 _write(self.d / f"in{n}_input", mv)
-                _write(self.d / f"in{n + 3}_input", 12)           # shunt voltage: no current of its own
+                _write(self.d / f"in{n + 3}_input", 12)  # shunt voltage: no current of its own
         else:
             self.d = root / "sys/bus/i2c/drivers/ina3221x/6-0040/iio:device0"
             self.d.mkdir(parents=True)
@@ -378,13 +389,13 @@ class RailWriter(threading.Thread):
 
     def tick(self):
         t = time.monotonic() - self.t0
-        i_in = 1000 + 400 * t                 # mA
+        i_in = 1000 + 400 * t  # mA
         parts = (i_in, 0.3 * i_in, 0.2 * i_in)  # sub-rails: inside the input rail
         for n, i in enumerate(parts):
             if self.kind == "orin":
                 _write(self.d / f"curr{n + 1}_input", int(i))
             else:
-                _write(self.d / f"in_power{n}_input", int(5 * i))   # mW
+                _write(self.d / f"in_power{n}_input", int(5 * i))  # mW
 
     def run(self):
         while not self.stop.is_set():
@@ -406,7 +417,7 @@ def test_jetson_power_rails_take_the_board_input_rail(tmp_path, shell, kind):
     assert list(s.calibration["rails"]) == ["VDD_IN" if kind == "orin" else "POM_5V_IN"]
     col = next(iter(s.calibration["rails"].values())).split("*")[-1]
     raw = df[col].astype(float).to_numpy()
-    mw_per_unit = 5.0 if kind == "orin" else 1.0          # mA at 5 V, or mW
+    mw_per_unit = 5.0 if kind == "orin" else 1.0  # mA at 5 V, or mW
     analytic = np.trapezoid(raw * mw_per_unit / 1e3, df["t_s"].to_numpy(dtype=float))
     e = next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
     assert e == pytest.approx(analytic, rel=0.01)
@@ -419,15 +430,23 @@ def test_rails_without_an_input_rail_are_summed_and_nc_left_out():
     """An AGX Orin's monitors name no board input rail: the rails are summed (and the row says so);
     an unconnected channel ('NC') is not a rail."""
     import pandas as pd
+
     h = "sys/class/hwmon/hwmon1"
-    frame = pd.DataFrame({"tick": [0, 1, 2], "t_s": [0.0, 0.1, 0.2],
-                          **{f"{h}/in{n}_input": [5000] * 3 for n in (1, 2, 3)},
-                          **{f"{h}/curr{n}_input": [c] * 3 for n, c in ((1, 400), (2, 200), (3, 100))}})
-    meta = {f"{h}/in{n}_input": {"kind": "hwmon_label", "label": lab}
-            for n, lab in ((1, "VDD_GPU_SOC"), (2, "VDD_CPU_CV"), (3, "NC"))}
+    frame = pd.DataFrame(
+        {
+            "tick": [0, 1, 2],
+            "t_s": [0.0, 0.1, 0.2],
+            **{f"{h}/in{n}_input": [5000] * 3 for n in (1, 2, 3)},
+            **{f"{h}/curr{n}_input": [c] * 3 for n, c in ((1, 400), (2, 200), (3, 100))},
+        }
+    )
+    meta = {
+        f"{h}/in{n}_input": {"kind": "hwmon_label", "label": lab}
+        for n, lab in ((1, "VDD_GPU_SOC"), (2, "VDD_CPU_CV"), (3, "NC"))
+    }
     kind, t, p, info = normalize.power_source(sampler_csv.SamplerTrace(frame, meta))
     assert info["method"] == "sum of rails" and list(info["rails"]) == ["VDD_GPU_SOC", "VDD_CPU_CV"]
-    assert list(p) == pytest.approx([3.0] * 3)            # 5 V × (0.4 + 0.2) A
+    assert list(p) == pytest.approx([3.0] * 3)  # 5 V × (0.4 + 0.2) A
 
 
 def test_a_cpu_clock_that_drops_during_the_cell_flags_it_throttled(tmp_path):

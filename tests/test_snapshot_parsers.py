@@ -6,11 +6,10 @@ import os
 import stat
 
 import pytest
+from conftest import FIXTURES
 
 from devicelab.telemetry import parsers, snapshots
 from devicelab.transports.local import LocalTransport
-
-from conftest import FIXTURES
 
 S = FIXTURES / "snapshots"
 
@@ -72,10 +71,11 @@ def test_snapshots_and_charging_hygiene_always_reset(tmp_path, monkeypatch):
     assert "dumpsys" in tools
     with pytest.raises(RuntimeError):
         with snapshots.ChargingHygiene(t, tools):
-            rows, parsed = snapshots.take(t, tools, "start", tmp_path / "art")
+            snapshots.take(t, tools, "start", tmp_path / "art")
             raise RuntimeError("cell failed")
     calls = [l.split(" ", 1)[1] for l in log.read_text().splitlines()]
     assert calls[0] == "battery unplug" and calls[-1] == "battery reset"
+    rows, parsed = snapshots.from_artifacts(tmp_path / "art", "start")     # what a cell's rows are made from
     by = {r.metric: r for r in rows}
     assert by["battery_voltage"].value == pytest.approx(4.102) and by["battery_voltage"].unit == "V"
     assert (tmp_path / "art" / "dumpsys-battery.start.txt").exists()

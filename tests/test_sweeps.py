@@ -4,7 +4,6 @@ cgroup), a co-running load, parallel streams, the roofline payload; then rooflin
 import glob
 
 import pytest
-
 from conftest import REPO, devicelab
 
 pytestmark = pytest.mark.e2e

@@ -8,7 +8,7 @@ from devicelab.build import remote, targets
 from devicelab.build.source import Source
 from devicelab.errors import DevicelabError
 from devicelab.lab import Device
-from devicelab.run import target_for
+from devicelab.runner.session import target_for
 from devicelab.transports.base import quote_argv
 
 PI5 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp"
@@ -55,24 +55,53 @@ def test_macos_metal_remote_build_plan():
     assert configure[:3] == ["cmake", "-S", "/Users/me/.cache/devicelab-device/src/0c1e57098bba/llama.cpp"]
     assert "-DGGML_METAL=ON" in configure and "-DGGML_METAL_EMBED_LIBRARY=ON" in configure
     assert "-DLLAMA_USE_PREBUILT_UI=OFF" in configure
-    assert p[2] == ["cmake", "--build", "/Users/me/b d/cmake", "-j", "10", "--target", "llama-bench", "llama-perplexity"]
+    assert p[2] == [
+        "cmake",
+        "--build",
+        "/Users/me/b d/cmake",
+        "-j",
+        "10",
+        "--target",
+        "llama-bench",
+        "llama-perplexity",
+        "llama-server",
+        "llama-batched-bench",
+    ]
     # what reaches the Mac's shell: the path with a space stays one argument
     assert shlex.split(quote_argv(p[2]))[2] == "/Users/me/b d/cmake"
 
 
-@pytest.mark.parametrize("facts,device,expect", [
-    ({"uname": "Darwin 24.1.0 arm64", "arch": "arm64"}, Device(name="mac", transport="ssh", host="m"), "arm64-darwin-metal"),
-    ({"uname": "Linux 6.6 aarch64", "arch": "aarch64", "cpu.features": PI5}, Device(name="pi", transport="ssh", host="p"),
-     "aarch64-linux-static-armv8.2-a_dotprod_fp16"),
-    ({"uname": "Linux 6.6 aarch64", "arch": "aarch64", "cpu.features": PI5},
-     Device(name="pi", transport="ssh", host="p", cross_build=False), "aarch64-linux-native-device"),
-    ({"uname": "Linux 5.10 aarch64", "arch": "aarch64", "cpu.features": ORION}, Device(name="ph", transport="adb"),
-     "aarch64-linux-static-armv8.2-a_dotprod_i8mm_sve_fp16"),
-])
+@pytest.mark.parametrize(
+    "facts,device,expect",
+    [
+        (
+            {"uname": "Darwin 24.1.0 arm64", "arch": "arm64"},
+            Device(name="mac", transport="ssh", host="m"),
+            "arm64-darwin-metal",
+        ),
+        (
+            {"uname": "Linux 6.6 aarch64", "arch": "aarch64", "cpu.features": PI5},
+            Device(name="pi", transport="ssh", host="p"),
+            "aarch64-linux-static-armv8.2-a_dotprod_fp16",
+        ),
+        (
+            {"uname": "Linux 6.6 aarch64", "arch": "aarch64", "cpu.features": PI5},
+            Device(name="pi", transport="ssh", host="p", cross_build=False),
+            "aarch64-linux-native-device",
+        ),
+        (
+            {"uname": "Linux 5.10 aarch64", "arch": "aarch64", "cpu.features": ORION},
+            Device(name="ph", transport="adb"),
+            "aarch64-linux-static-armv8.2-a_dotprod_i8mm_sve_fp16",
+        ),
+    ],
+)
 def test_target_chosen_from_device_facts(monkeypatch, facts, device, expect):
     monkeypatch.delenv("ANDROID_NDK_HOME", raising=False)
     monkeypatch.delenv("ANDROID_NDK_ROOT", raising=False)
-    assert target_for(device, facts).name == expect
+    from devicelab.transports import open_transport
+
+    assert target_for(open_transport(device), device, facts)[0].name == expect
 
 
 def test_remote_build_key_changes_with_flags():

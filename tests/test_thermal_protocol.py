@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-
 from conftest import fixture_board_run
 
 pytestmark = pytest.mark.e2e

@@ -1,15 +1,17 @@
 """Analyses over normalized rows: roofline per bench row, and the seeds' findings checked on the user's data.
 
 Roofline: decode reads every weight once per token plus the KV cache so far, so its limit is
-bandwidth ÷ (weight bytes + KV bytes per token × context); prefill reads the weights once per micro-batch; prefill does ≈ 2 × n_params FLOPs per token,
+bandwidth ÷ (weight bytes + KV bytes per token × context); prefill reads the weights once per micro-batch;
+prefill does ≈ 2 × n_params FLOPs per token,
 so its limit is the measured FMA peak ÷ that. The bound named for a row is the resource it uses the
 larger fraction of."""
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
+
+from .schema import TOKEN_PHASES
 
 
 def _device_peaks(rows: pd.DataFrame) -> pd.DataFrame:
@@ -27,25 +29,56 @@ def roofline(rows: pd.DataFrame) -> pd.DataFrame:
     for c in ("mem_bandwidth", "peak_flops"):
         if c not in bench:
             bench[c] = np.nan
-    ctx_tok = bench.n_prompt.fillna(0).astype(float) + bench.n_depth.fillna(0).astype(float) + \
-        bench.n_gen.fillna(0).astype(float) / 2
+    ctx_tok = (
+        bench.n_prompt.fillna(0).astype(float)
+        + bench.n_depth.fillna(0).astype(float)
+        + bench.n_gen.fillna(0).astype(float) / 2
+    )
     # decode reads every weight once per token; prefill once per micro-batch (llama.cpp's default 512)
-    per_pass = np.where(bench.metric == "prefill_tps", np.minimum(bench.n_prompt.fillna(1).astype(float).clip(lower=1), 512), 1.0)
-    bytes_per_tok = bench.model_bytes.astype(float) / per_pass + bench.kv_bytes_per_token.astype(float).fillna(0) * ctx_tok
+    per_pass = np.where(
+        bench.metric == "prefill_tps", np.minimum(bench.n_prompt.fillna(1).astype(float).clip(lower=1), 512), 1.0
+    )
+    bytes_per_tok = (
+        bench.model_bytes.astype(float) / per_pass + bench.kv_bytes_per_token.astype(float).fillna(0) * ctx_tok
+    )
     flops_per_tok = 2.0 * bench.n_params.astype(float)
     tps = bench.value.astype(float)
     bench["bytes_per_token"] = bytes_per_tok
     bench["flops_per_token"] = flops_per_tok
     bench["mem_util"] = tps * bytes_per_tok / bench.mem_bandwidth
     bench["compute_util"] = tps * flops_per_tok / bench.peak_flops
-    bench["limit_tps"] = np.where(bench.metric == "decode_tps", bench.mem_bandwidth / bytes_per_tok,
-                                  bench.peak_flops / flops_per_tok)
+    bench["limit_tps"] = np.where(
+        bench.metric == "decode_tps", bench.mem_bandwidth / bytes_per_tok, bench.peak_flops / flops_per_tok
+    )
     bench["efficiency"] = tps / bench.limit_tps
-    bench["bound"] = np.where(bench.mem_util.isna() | bench.compute_util.isna(), "unknown",
-                              np.where(bench.mem_util >= bench.compute_util, "memory", "compute"))
-    keep = ["device", "model", "quant", "bpw", "metric", "test", "threads", "cpu_quota", "contention", "value",
-            "limit_tps", "efficiency", "mem_util", "compute_util", "bound"]
-    return bench[keep].rename(columns={"value": "tps"}).sort_values(["device", "model", "metric", "bpw"]).reset_index(drop=True)
+    bench["bound"] = np.where(
+        bench.mem_util.isna() | bench.compute_util.isna(),
+        "unknown",
+        np.where(bench.mem_util >= bench.compute_util, "memory", "compute"),
+    )
+    keep = [
+        "device",
+        "model",
+        "quant",
+        "bpw",
+        "metric",
+        "test",
+        "threads",
+        "cpu_quota",
+        "contention",
+        "value",
+        "limit_tps",
+        "efficiency",
+        "mem_util",
+        "compute_util",
+        "bound",
+    ]
+    return (
+        bench[keep]
+        .rename(columns={"value": "tps"})
+        .sort_values(["device", "model", "metric", "bpw"])
+        .reset_index(drop=True)
+    )
 
 
 def _spearman(x, y) -> float:
@@ -62,13 +95,24 @@ def findings(rows: pd.DataFrame) -> list[dict]:
         dec = g[(g.metric == "decode_tps") & g.value.notna()]
         if not dec.empty:
             t = int(dec.threads.max())
-            d = dec[dec.threads == t].groupby("quant").agg(bpw=("bpw", "first"), tps=("value", "max")).sort_values("bpw")
+            d = (
+                dec[dec.threads == t]
+                .groupby("quant")
+                .agg(bpw=("bpw", "first"), tps=("value", "max"))
+                .sort_values("bpw")
+            )
             rho = _spearman(d.bpw, d.tps)
             mono = bool((np.diff(d.tps.values) <= 0).all()) if len(d) > 1 else None
-            out.append({"device": dev, "model": model, "claim": "decode t/s falls as bits per weight rise",
-                        "held": None if len(d) < 3 else bool(rho < -0.5),
-                        "evidence": f"Spearman ρ(bpw, decode t/s) = {rho:.2f} over {len(d)} quants at {t} threads"
-                                    + ("" if mono is None else f"; strictly monotone: {mono}")})
+            out.append(
+                {
+                    "device": dev,
+                    "model": model,
+                    "claim": "decode t/s falls as bits per weight rise",
+                    "held": None if len(d) < 3 else bool(rho < -0.5),
+                    "evidence": f"Spearman ρ(bpw, decode t/s) = {rho:.2f} over {len(d)} quants at {t} threads"
+                    + ("" if mono is None else f"; strictly monotone: {mono}"),
+                }
+            )
         sp = {}
         for metric in ("prefill_tps", "decode_tps"):
             m = g[(g.metric == metric) & g.value.notna()]
@@ -79,27 +123,53 @@ def findings(rows: pd.DataFrame) -> list[dict]:
                 sp[metric] = (float((b / a).median()), lo, hi)
         if len(sp) == 2:
             (ps, lo, hi), (ds, _, _) = sp["prefill_tps"], sp["decode_tps"]
-            out.append({"device": dev, "model": model,
-                        "claim": "adding cores speeds prefill almost linearly, decode only marginally",
-                        "held": bool(ps >= 0.7 * hi / lo and ds < ps),
-                        "evidence": f"{lo}→{hi} threads: prefill ×{ps:.2f}, decode ×{ds:.2f} (median over quants)"})
-        k = g[(g.metric == "kld_mean") & g.value.notna()].groupby("quant").agg(bpw=("bpw", "first"), kld=("value", "min"))
+            out.append(
+                {
+                    "device": dev,
+                    "model": model,
+                    "claim": "adding cores speeds prefill almost linearly, decode only marginally",
+                    "held": bool(ps >= 0.7 * hi / lo and ds < ps),
+                    "evidence": f"{lo}→{hi} threads: prefill ×{ps:.2f}, decode ×{ds:.2f} (median over quants)",
+                }
+            )
+        k = (
+            g[(g.metric == "kld_mean") & g.value.notna()]
+            .groupby("quant")
+            .agg(bpw=("bpw", "first"), kld=("value", "min"))
+        )
         k = k[k.kld > 0].sort_values("bpw", ascending=False)
         if len(k) >= 3:
-            ratios = (k.kld.values[1:] / k.kld.values[:-1])
+            ratios = k.kld.values[1:] / k.kld.values[:-1]
             i = int(np.argmax(ratios))
             knee = float(k.bpw.values[i + 1])
-            out.append({"device": dev, "model": model, "claim": "quality collapses below ~3.5 bits per weight",
-                        "held": bool(knee < 4.0),
-                        "evidence": f"largest KLD jump ×{ratios[i]:.1f} going {k.index[i]} ({k.bpw.values[i]:.2f} bpw) → "
-                                    f"{k.index[i + 1]} ({knee:.2f} bpw): the knee is at {knee:.2f} bpw"})
-        rss = g[(g.metric == "peak_rss") & (g.payload == "bench") & g.value.notna()].groupby("quant").agg(
-            b=("model_bytes", "first"), rss=("value", "max"))
+            out.append(
+                {
+                    "device": dev,
+                    "model": model,
+                    "claim": "quality collapses below ~3.5 bits per weight",
+                    "held": bool(knee < 4.0),
+                    "evidence": f"largest KLD jump ×{ratios[i]:.1f} going {k.index[i]} ({k.bpw.values[i]:.2f} bpw) → "
+                    f"{k.index[i + 1]} ({knee:.2f} bpw): the knee is at {knee:.2f} bpw",
+                }
+            )
+        timed = g[g.phase.isin(TOKEN_PHASES)].cell_id.unique()
+        rss = (
+            g[(g.metric == "peak_rss") & g.cell_id.isin(timed) & g.value.notna()]
+            .groupby("quant")
+            .agg(b=("model_bytes", "first"), rss=("value", "max"))
+        )
         if len(rss) >= 3:
             r = float(np.corrcoef(rss.b.astype(float), rss.rss.astype(float))[0, 1])
             slope = float(np.polyfit(rss.b.astype(float), rss.rss.astype(float), 1)[0])
-            out.append({"device": dev, "model": model, "claim": "memory grows linearly with bits per weight",
-                        "held": bool(r > 0.95), "evidence": f"peak RSS vs file size: r = {r:.3f}, slope {slope:.2f}"})
+            out.append(
+                {
+                    "device": dev,
+                    "model": model,
+                    "claim": "memory grows linearly with bits per weight",
+                    "held": bool(r > 0.95),
+                    "evidence": f"peak RSS vs file size: r = {r:.3f}, slope {slope:.2f}",
+                }
+            )
     q = rows[(rows.metric == "decode_tps") & rows.value.notna()]
     for (dev, model), g in q.groupby(["device", "model"]):
         qq = g[g.cpu_quota.notna()]
@@ -109,13 +179,27 @@ def findings(rows: pd.DataFrame) -> list[dict]:
                 f = free[free.threads.isin(gq.threads)].groupby("quant").value.max()
                 s = (gq.groupby("quant").value.max() / f).dropna()
                 if len(s):
-                    out.append({"device": dev, "model": model, "claim": f"a CPU quota of {quota:g} cores slows decode",
-                                "held": bool(s.median() < 0.9), "evidence": f"decode under quota / free = {s.median():.2f}"})
+                    out.append(
+                        {
+                            "device": dev,
+                            "model": model,
+                            "claim": f"a CPU quota of {quota:g} cores slows decode",
+                            "held": bool(s.median() < 0.9),
+                            "evidence": f"decode under quota / free = {s.median():.2f}",
+                        }
+                    )
         cc = g[g.contention.fillna(0) > 0]
         if not cc.empty and not free.empty:
             f = free[free.threads.isin(cc.threads)].groupby("quant").value.max()
             s = (cc.groupby("quant").value.max() / f).dropna()
             if len(s):
-                out.append({"device": dev, "model": model, "claim": "a co-running load slows decode",
-                            "held": bool(s.median() < 0.95), "evidence": f"decode with load / without = {s.median():.2f}"})
+                out.append(
+                    {
+                        "device": dev,
+                        "model": model,
+                        "claim": "a co-running load slows decode",
+                        "held": bool(s.median() < 0.95),
+                        "evidence": f"decode with load / without = {s.median():.2f}",
+                    }
+                )
     return out

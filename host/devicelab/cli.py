@@ -15,6 +15,7 @@ from rich.table import Table
 
 from .errors import DevicelabError
 
+
 def _console(**kw) -> Console:
     c = Console(highlight=False, **kw)
     if not c.is_terminal and "COLUMNS" not in os.environ:
@@ -64,7 +65,8 @@ def source(spec):
 @click.option("-j", "--jobs", type=int, default=None)
 def build(spec, target, cpu_features, jobs):
     """Build (or reuse) llama.cpp for this machine or a cross target."""
-    from .build import cache, source as s, targets
+    from .build import cache, targets
+    from .build import source as s
     tgt = targets.by_name(target, set(cpu_features.split()))
     src = s.resolve(spec)
     with _progress() as prog:
@@ -90,11 +92,15 @@ def model_info(spec, as_json):
     if as_json:
         click.echo(json.dumps(info.to_json(), indent=1))
         return
-    console.print(f"{info.name} ({info.arch}) {info.n_params / 1e6:.1f} M params, {info.bytes / 1024**2:.1f} MiB, "
-                  f"{info.bpw:.3f} bits/weight; layers {info.n_layer}, KV heads {info.n_head_kv}, ctx {info.n_ctx_train}")
+    console.print(
+        f"{info.name} ({info.arch}) {info.n_params / 1e6:.1f} M params, {info.bytes / 1024**2:.1f} MiB, "
+        f"{info.bpw:.3f} bits/weight; layers {info.n_layer}, KV heads {info.n_head_kv}, ctx {info.n_ctx_train}"
+    )
     t = Table("tensor type", "tensors", "params", "MiB")
     for ty, n in sorted(info.tensor_types.items(), key=lambda kv: -info.tensor_type_params[kv[0]]):
-        t.add_row(ty, str(n), f"{info.tensor_type_params[ty] / 1e6:.2f} M", f"{info.tensor_type_bytes[ty] / 1024**2:.1f}")
+        t.add_row(
+            ty, str(n), f"{info.tensor_type_params[ty] / 1e6:.2f} M", f"{info.tensor_type_bytes[ty] / 1024**2:.1f}"
+        )
     console.print(t)
 
 
@@ -105,33 +111,49 @@ def model_info(spec, as_json):
 @click.option("--source", "src_spec", default=None)
 def model_ladder(spec, name, quants, src_spec):
     """Make the F16 base and the quant ladder with llama-quantize."""
-    from .build import cache, source as s, targets
-    from .models import ladder as lad, store
+    from .build import cache, targets
+    from .build import source as s
+    from .models import ladder as lad
+    from .models import store
+
     qs = [lad.check_quant(q) for q in quants.split(",")] if quants else lad.DEFAULT_LADDER
     src = s.resolve(src_spec)
     b = cache.ensure(src, targets.local_native())
     L = lad.Ladder(name, store.resolve(spec), b.tool("llama-quantize"), {"quantized_with_build": b.key})
     t = Table("quant", "MiB", "bits/weight", "tensor types")
     for q, f in L.make(qs, progress=lambda q: console.print(f"[dim]quantize {q}[/]")).items():
-        t.add_row(q, f"{f.manifest['bytes'] / 1024**2:.1f}", f"{f.manifest['bpw']:.3f}",
-                  ", ".join(f"{k}×{v}" for k, v in sorted(f.manifest["tensor_types"].items())))
+        t.add_row(
+            q,
+            f"{f.manifest['bytes'] / 1024**2:.1f}",
+            f"{f.manifest['bpw']:.3f}",
+            ", ".join(f"{k}×{v}" for k, v in sorted(f.manifest["tensor_types"].items())),
+        )
     console.print(t)
 
 
 # ---------------------------------------------------------------- run / results / recommend
 def _progress():
-    return Progress(TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(), TimeElapsedColumn(),
-                    console=err, transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
 
 
 class _RichEvents:
+    """One live line per device (its lane's current step), an overall cells bar, and a compile bar."""
+
     def __init__(self, prog: Progress):
         self.p = prog
         self.build_task = None
         self.cell_task = None
+        self.lanes: dict = {}
 
     def stage(self, text):
-        self.p.console.print(f"[cyan]•[/] {text}")
+        self.p.console.print(f"[cyan]•[/] {escape(text)}")
 
     def build_progress(self, pct, line):
         if self.build_task is None:
@@ -146,30 +168,48 @@ class _RichEvents:
         if total == 0:
             self.p.update(self.cell_task, completed=1, description="cells: all done already")
 
+    def lane(self, device, text):
+        if device not in self.lanes:
+            self.lanes[device] = self.p.add_task("", total=None)
+        self.p.update(self.lanes[device], description=escape(f"{device}: {text}"))
+
     def cell_start(self, cell):
-        self.p.update(self.cell_task, description=f"cell {cell.label()}")
+        pass
 
     def cell_done(self, cell, ok, note=""):
         self.p.advance(self.cell_task)
         if not ok:
-            self.p.console.print(f"[red]✗[/] {cell.label()}: {note}")
+            self.p.console.print(f"[red]✗[/] {escape(cell.label())}: {escape(note)}")
 
 
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
-@click.option("--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')")
+@click.option(
+    "--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')"
+)
 @click.option("--lab-dir", default=None, help="where the ledger and artifacts live (default ./labdata)")
 @click.option("--source", "src_spec", default=None, help="override the recipe's llama.cpp source")
 @click.option("-j", "--jobs", type=int, default=None)
 def run(recipe, lab_file, lab_dir, src_spec, jobs):
-    """Run a recipe; finished cells are skipped, an interrupted run resumes."""
-    from .run import Executor
-    ex = Executor(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs)
+    """Run a recipe on every device at once; finished cells are skipped, an interrupted run resumes."""
+    from .runner.orchestrator import Orchestrator
+
+    ex = Orchestrator(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs)
     with _progress() as prog:
         ex.ev = _RichEvents(prog)
-        rep = ex.run()
-    console.print(f"run {rep.run_id}: {rep.total} cells, {rep.skipped} already done, {rep.ran} ran, "
-                  f"{len(rep.failed)} failed ({rep.seconds:.1f} s)")
+        try:
+            rep = ex.run()
+        except KeyboardInterrupt:
+            prog.stop()
+            err.print(
+                "[red]interrupted[/]: every device was put back; the cut cells are failed-retryable — run "
+                "again to finish"
+            )
+            sys.exit(130)
+    console.print(
+        f"run {rep.run_id}: {rep.total} cells, {rep.skipped} already done, {rep.ran} ran, "
+        f"{len(rep.failed)} failed ({rep.seconds:.1f} s)"
+    )
     rows = ex.ledger.rows_frame(recipe=ex.recipe.name)
     _print_wide(rows)
     _print_recs(rows, ex.recipe.recommend)
@@ -181,26 +221,49 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs):
 @main.command()
 @click.option("--lab-dir", default=None)
 @click.option("--recipe", default=None, help="recipe name filter")
+def reparse(lab_dir, recipe):
+    """Rebuild every done cell's rows from its stored artifacts with today's parsers."""
+    from .ledger import Ledger
+    from .runner.artifacts import reparse as rp
+
+    n, rows, problems = rp(Ledger(_lab_dir(lab_dir) / "ledger.sqlite"), recipe)
+    for p in problems:
+        err.print(f"[yellow]not re-derived[/]: {escape(p)}")
+    console.print(f"re-derived {rows} rows of {n} cells from their artifacts")
+
+
+@main.command()
+@click.option("--lab-dir", default=None)
+@click.option("--recipe", default=None, help="recipe name filter")
 def cells(lab_dir, recipe):
     """List cells and their status."""
     from .ledger import Ledger
+
     led = Ledger(_lab_dir(lab_dir) / "ledger.sqlite")
     t = Table("cell", "recipe", "device", "model", "quant", "payload", "params", "status", "tries", "error")
     for c in led.cells(recipe):
-        t.add_row(c["cell_id"], c["recipe"], c["device"], c["model"], c["quant"], c["payload"],
-                  c["params"][:40], c["status"], str(c["attempts"]), (c["error"] or "")[:60])
+        t.add_row(
+            c["cell_id"],
+            c["recipe"],
+            c["device"],
+            c["model"],
+            c["quant"],
+            c["payload"],
+            c["params"][:40],
+            c["status"],
+            str(c["attempts"]),
+            (c["error"] or "")[:60],
+        )
     console.print(t)
 
 
 def _load_rows(lab_dir, recipe, from_file):
-    import pandas as pd
+
     if from_file:
-        p = Path(from_file)
-        if not p.exists():
-            raise DevicelabError(f"{p} does not exist; export one with `devicelab results --export {p.name}`")
-        df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
-        return df[df["recipe"] == recipe] if recipe else df
+        from .tables import load
+        return load(Path(from_file), recipe)
     from .ledger import Ledger
+
     return Ledger(_lab_dir(lab_dir) / "ledger.sqlite").rows_frame(recipe=recipe)
 
 
@@ -212,6 +275,7 @@ def _load_rows(lab_dir, recipe, from_file):
 def results(lab_dir, recipe, export, wide):
     """Show (and export) normalized results."""
     from .tables import wide as widen
+
     rows = _load_rows(lab_dir, recipe, None)
     if export:
         df = widen(rows) if wide else rows
@@ -228,8 +292,13 @@ def results(lab_dir, recipe, export, wide):
 
 @main.command()
 @click.option("--lab-dir", default=None)
-@click.option("--recipe", "recipe_file", type=click.Path(path_type=Path), default=None,
-              help="recipe file whose recommend: constraints apply (and whose rows are used)")
+@click.option(
+    "--recipe",
+    "recipe_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="recipe file whose recommend: constraints apply (and whose rows are used)",
+)
 @click.option("--from", "from_file", default=None, help="an exported results .parquet/.csv instead of the ledger")
 @click.option("--context", type=int, default=None)
 @click.option("--max-kld", type=float, default=None)
@@ -238,19 +307,39 @@ def results(lab_dir, recipe, export, wide):
 @click.option("--max-energy-per-token", type=float, default=None)
 @click.option("--prefer", type=click.Choice(["smallest", "fastest", "best_quality"]), default=None)
 @click.option("--json", "as_json", is_flag=True)
-def recommend(lab_dir, recipe_file, from_file, context, max_kld, max_ppl_ratio, min_decode_tps,
-              max_energy_per_token, prefer, as_json):
+def recommend(
+    lab_dir,
+    recipe_file,
+    from_file,
+    context,
+    max_kld,
+    max_ppl_ratio,
+    min_decode_tps,
+    max_energy_per_token,
+    prefer,
+    as_json,
+):
     """Per device: the quant to ship, and why every other one lost."""
     from . import recipes
     from .recipes import RecommendSpec
+
     name = None
     spec = RecommendSpec()
     if recipe_file:
         r, _ = recipes.load(recipe_file)
         spec, name = r.recommend, r.name
-    over = {k: v for k, v in dict(context=context, max_kld_mean=max_kld, max_ppl_ratio=max_ppl_ratio,
-                                  min_decode_tps=min_decode_tps, max_energy_per_token=max_energy_per_token,
-                                  prefer=prefer).items() if v is not None}
+    over = {
+        k: v
+        for k, v in dict(
+            context=context,
+            max_kld_mean=max_kld,
+            max_ppl_ratio=max_ppl_ratio,
+            min_decode_tps=min_decode_tps,
+            max_energy_per_token=max_energy_per_token,
+            prefer=prefer,
+        ).items()
+        if v is not None
+    }
     spec = spec.model_copy(update=over)
     rows = _load_rows(lab_dir, name, from_file)
     _print_recs(rows, spec, as_json=as_json)
@@ -266,6 +355,7 @@ def report(lab_dir, recipe_file, from_file, out):
     from . import recipes
     from .recipes import RecommendSpec
     from .report import build
+
     spec, name = RecommendSpec(), None
     if recipe_file:
         r, _ = recipes.load(recipe_file)
@@ -283,17 +373,43 @@ def report(lab_dir, recipe_file, from_file, out):
 def roofline(lab_dir, recipe, from_file):
     """Per bench row: t/s against the device's limit (bandwidth for decode, FMA peak for prefill) and the bound."""
     import pandas as pd
+
     from .analysis import roofline as rl
+
     df = rl(_load_rows(lab_dir, recipe, from_file))
     if df.empty:
         console.print("no bench rows")
         return
-    t = Table("device", "model", "quant", "bits/w", "test", "threads", "quota", "load", "t/s", "limit t/s",
-              "efficiency", "bound", title="roofline (limits from the membw payload)")
+    t = Table(
+        "device",
+        "model",
+        "quant",
+        "bits/w",
+        "test",
+        "threads",
+        "quota",
+        "load",
+        "t/s",
+        "limit t/s",
+        "efficiency",
+        "bound",
+        title="roofline (limits from the membw payload)",
+    )
     for _, r in df.iterrows():
-        t.add_row(r.device, r.model, r.quant, _fmt(r.bpw), r.test, str(r.threads), _fmt(r.cpu_quota, "{:g}"),
-                  "0" if pd.isna(r.contention) else str(r.contention), _fmt(r.tps, "{:.1f}"),
-                  _fmt(r.limit_tps, "{:.1f}"), _fmt(r.efficiency, "{:.0%}"), r.bound)
+        t.add_row(
+            r.device,
+            r.model,
+            r.quant,
+            _fmt(r.bpw),
+            r.test,
+            str(r.threads),
+            _fmt(r.cpu_quota, "{:g}"),
+            "0" if pd.isna(r.contention) else str(r.contention),
+            _fmt(r.tps, "{:.1f}"),
+            _fmt(r.limit_tps, "{:.1f}"),
+            _fmt(r.efficiency, "{:.0%}"),
+            r.bound,
+        )
     console.print(t)
 
 
@@ -304,6 +420,7 @@ def roofline(lab_dir, recipe, from_file):
 def findings(lab_dir, recipe, from_file):
     """Check the seeds' claims (decode vs BPW, core scaling, the quality knee, memory vs BPW) on your data."""
     from .analysis import findings as fd
+
     fs = fd(_load_rows(lab_dir, recipe, from_file))
     if not fs:
         console.print("not enough data for any finding")
@@ -320,6 +437,7 @@ def findings(lab_dir, recipe, from_file):
 def import_bench(files, device, recipe, lab_dir):
     """Import existing llama-bench JSON/JSONL output into the ledger."""
     from .importer import import_files
+
     n = import_files(files, device, recipe, _lab_dir(lab_dir))
     console.print(f"imported {n} rows from {len(files)} file(s) as recipe {recipe!r}")
 
@@ -338,6 +456,7 @@ def devices_trust(name, lab_file, yes):
     """Show an SSH device's host key fingerprint and, if you agree, add it to known_hosts."""
     from . import lab as labmod
     from .transports.ssh import SSHTransport, fingerprint, scan_host_key, trust
+
     d = labmod.load(lab_file).device(name)
     if d.transport != "ssh":
         raise DevicelabError(f"{name} is a {d.transport} device; only ssh devices have host keys")
@@ -359,8 +478,9 @@ def devices_trust(name, lab_file, yes):
 @click.argument("names", nargs=-1)
 def devices_probe(lab_file, names):
     """Which telemetry sources each device has and can read."""
-    from .probe import probe
     from . import lab as labmod
+    from .probe import probe
+
     lab = labmod.load(lab_file)
     for d in lab.devices:
         if names and d.name not in names:
@@ -375,6 +495,7 @@ def devices_probe(lab_file, names):
 # ---------------------------------------------------------------- printing
 def _fmt(v, f="{:.2f}"):
     import pandas as pd
+
     if v is None or pd.isna(v):
         return "—"
     return f.format(v)
@@ -382,45 +503,79 @@ def _fmt(v, f="{:.2f}"):
 
 def _print_wide(rows):
     from .tables import wide
+
     w = wide(rows)
     if w.empty:
         console.print("no results yet")
         return
-    t = Table("device", "model", "quant", "bits/w", "MiB", "prefill t/s", "decode t/s", "mean KLD", "PPL ratio",
-              "top-1 same", "peak RSS MiB", "J/tok decode", title="results (best over threads)")
+    t = Table(
+        "device",
+        "model",
+        "quant",
+        "bits/w",
+        "MiB",
+        "prefill t/s",
+        "decode t/s",
+        "mean KLD",
+        "PPL ratio",
+        "top-1 same",
+        "peak RSS MiB",
+        "J/tok decode",
+        title="results (best over threads)",
+    )
     for _, r in w.iterrows():
-        t.add_row(r["device"], r["model"], r["quant"], _fmt(r["bpw"]), _fmt(r["model_bytes"] / 1024**2, "{:.1f}"),
-                  _fmt(r["prefill_tps"], "{:.1f}"), _fmt(r["decode_tps"], "{:.1f}"), _fmt(r["kld_mean"], "{:.4f}"),
-                  _fmt(r["ppl_ratio"], "{:.4f}"), _fmt(r["same_top_p"], "{:.1%}"),
-                  _fmt(r["peak_rss"] / 1024**2 if r["peak_rss"] == r["peak_rss"] else None, "{:.0f}"),
-                  _fmt(r["decode_j_per_tok"], "{:.3g}"))
+        t.add_row(
+            r["device"],
+            r["model"],
+            r["quant"],
+            _fmt(r["bpw"]),
+            _fmt(r["model_bytes"] / 1024**2, "{:.1f}"),
+            _fmt(r["prefill_tps"], "{:.1f}"),
+            _fmt(r["decode_tps"], "{:.1f}"),
+            _fmt(r["kld_mean"], "{:.4f}"),
+            _fmt(r["ppl_ratio"], "{:.4f}"),
+            _fmt(r["same_top_p"], "{:.1%}"),
+            _fmt(r["peak_rss"] / 1024**2 if r["peak_rss"] == r["peak_rss"] else None, "{:.0f}"),
+            _fmt(r["decode_j_per_tok"], "{:.3g}"),
+        )
     console.print(t)
 
 
 def _print_recs(rows, spec, as_json=False):
     from .recommend import recommend as rec
+
     recs = rec(rows, spec)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in recs], indent=1, default=str))
         return
     for r in recs:
-        head = (f"[bold green]{r.device}: ship {r.pick.model} {r.pick.quant}[/] "
-                f"({r.pick.bpw:.2f} bits/w, {r.pick.model_bytes / 1024**2:.0f} MiB, "
-                f"decode {_fmt(r.pick.decode_tps, '{:.1f}')} tok/s, KLD {_fmt(r.pick.kld_mean, '{:.4f}')})"
-                if r.pick else f"[bold red]{r.device}: no quant meets the constraints[/]")
+        head = (
+            f"[bold green]{r.device}: ship {r.pick.model} {r.pick.quant}[/] "
+            f"({r.pick.bpw:.2f} bits/w, {r.pick.model_bytes / 1024**2:.0f} MiB, "
+            f"decode {_fmt(r.pick.decode_tps, '{:.1f}')} tok/s, KLD {_fmt(r.pick.kld_mean, '{:.4f}')})"
+            if r.pick
+            else f"[bold red]{r.device}: no quant meets the constraints[/]"
+        )
         console.print(head)
-        console.print(f"[dim]constraints: context {spec.context}, mean KLD ≤ {spec.max_kld_mean}, PPL ratio ≤ "
-                      f"{spec.max_ppl_ratio}, decode ≥ {spec.min_decode_tps} tok/s, RAM ≤ {spec.ram_fraction:.0%} of "
-                      f"device, energy ≤ {spec.max_energy_per_token or '—'} J/tok; prefer {spec.prefer}[/]")
+        console.print(
+            f"[dim]constraints: context {spec.context}, mean KLD ≤ {spec.max_kld_mean}, PPL ratio ≤ "
+            f"{spec.max_ppl_ratio}, decode ≥ {spec.min_decode_tps} tok/s, RAM ≤ {spec.ram_fraction:.0%} of "
+            f"device, energy ≤ {spec.max_energy_per_token or '—'} J/tok; prefer {spec.prefer}[/]"
+        )
         for c in r.candidates:
             mark = "→" if c is r.pick else ("✓" if c.passes else "✗")
             front = "◆" if c.on_frontier else " "
             acc = f" acc {c.accuracy:.1%}" if c.accuracy is not None else ""
             console.print(f"  {mark}{front} {c.model} {c.quant:7s} {c.bpw:5.2f} b/w{acc}  {c.verdict}", markup=False)
-        console.print(f"  ◆ = Pareto frontier of quality ({r.quality_axis}) × size × decode speed × energy", markup=False)
+        console.print(
+            f"  ◆ = Pareto frontier of quality ({r.quality_axis}) × size × decode speed × energy", markup=False
+        )
         for m, k in r.knees.items():
-            console.print(f"  bits-per-weight knee for {m}: {k['bpw']:.2f} bpw (mean KLD ×{k['jump']:.1f} from "
-                          f"{k['from']} to {k['to']})", markup=False)
+            console.print(
+                f"  bits-per-weight knee for {m}: {k['bpw']:.2f} bpw (mean KLD ×{k['jump']:.1f} from "
+                f"{k['from']} to {k['to']})",
+                markup=False,
+            )
     if not recs:
         console.print("no results to recommend from")
 

@@ -7,47 +7,61 @@ import json
 from pathlib import Path
 
 from .errors import DevicelabError
+from .kinds import bench as benchp
 from .ledger import Ledger
-from .payloads import bench as benchp
 from .plan import Cell
+from .validation import read_text
+
+NEEDED = ("avg_ts", "n_prompt", "n_gen", "n_threads")
 
 
 def _records(text: str, path: Path) -> list[dict]:
     text = text.strip()
     if text.startswith("["):
         try:
-            return json.loads(text)
+            recs = json.loads(text)
         except json.JSONDecodeError as e:
             raise DevicelabError(f"{path}: not valid llama-bench JSON ({e.msg} at line {e.lineno})") from e
-    recs = []
-    for i, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            try:
-                recs.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise DevicelabError(f"{path}:{i}: not valid llama-bench JSONL ({e.msg})") from e
+    else:
+        recs = []
+        for i, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise DevicelabError(f"{path}:{i}: not valid llama-bench JSONL ({e.msg})") from e
+    if not isinstance(recs, list) or not recs or not all(isinstance(r, dict) for r in recs):
+        raise DevicelabError(f"{path}: no llama-bench results (expected -o json or -o jsonl output)")
+    for i, r in enumerate(recs, 1):
+        missing = [k for k in NEEDED if k not in r]
+        if missing:
+            raise DevicelabError(f"{path}: result {i} has no {', '.join(missing)} (expected llama-bench -o json or "
+                                 "-o jsonl output)")
+        for k in ("model_size", "model_n_params"):
+            if r.get(k) is not None and (not isinstance(r[k], (int, float)) or isinstance(r[k], bool) or r[k] < 0):
+                raise DevicelabError(f"{path}: result {i}: {k} is {r[k]!r}, not a size")
     return recs
 
 
 def import_files(files, device: str, recipe: str, lab_dir: Path) -> int:
-    led = Ledger(Path(lab_dir) / "ledger.sqlite")
-    n = 0
+    """Every file is read and checked before anything is written: a bad file imports nothing."""
+    todo = []
     for f in files:
         f = Path(f)
-        recs = _records(f.read_text(errors="replace"), f)
-        if not recs or "avg_ts" not in recs[0]:
-            raise DevicelabError(f"{f}: no llama-bench results (expected -o json or -o jsonl output)")
+        recs = _records(read_text(f, "llama-bench output"), f)
         by_model: dict[str, list] = {}
         for r in recs:
-            by_model.setdefault(r.get("model_filename", "?"), []).append(r)
+            by_model.setdefault(str(r.get("model_filename", "?")), []).append(r)
         for mfile, rs in by_model.items():
             digest = hashlib.sha256((device + recipe + json.dumps(rs, sort_keys=True)).encode()).hexdigest()[:16]
             r0 = rs[0]
             model = Path(mfile).stem
-            quant = (r0.get("model_type", "").split()[-1] or "?").lower()
+            quant = (str(r0.get("model_type", "")).split() or ["?"])[-1].lower()
             cell = Cell(recipe, device, model, quant, "bench", {"imported_from": str(f)}, digest)
-            led.register([cell])
-            rows = benchp.rows([benchp.BenchTest(r, None) for r in rs])
+            try:
+                rows = benchp.rows([benchp.BenchTest(r, None) for r in rs])
+            except DevicelabError as e:
+                raise DevicelabError(f"{f}: {e}") from None
             ctx = {"cell_id": digest, "recipe": recipe, "device": device, "model": model, "quant": quant,
                    "payload": "bench", "run_id": "import", "model_bytes": r0.get("model_size"),
                    "n_params": r0.get("model_n_params"),
@@ -57,6 +71,9 @@ def import_files(files, device: str, recipe: str, lab_dir: Path) -> int:
                    "base_note": f"imported from {f.name}"}
             for row in rows:
                 row.context = ctx
-            led.finish_cell(digest, rows)
-            n += len(rows)
-    return n
+            todo.append((cell, rows))
+    led = Ledger(Path(lab_dir) / "ledger.sqlite")
+    for cell, rows in todo:
+        led.register([cell])
+        led.finish_cell(cell.cell_id, rows)
+    return sum(len(rows) for _, rows in todo)

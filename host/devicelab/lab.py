@@ -34,6 +34,7 @@ class Device(BaseModel):
     target: Literal["local", "aarch64", "android"] | None = None   # override the target chosen from facts
     cpu_features: str | None = None              # override /proc/cpuinfo Features for the ARM arch flags
     exec_prefix: list[str] = []                  # run payload binaries through this (e.g. qemu-aarch64-static)
+    host_cpus: bool | None = None                # its payloads run on this host's CPUs (default: local transport)
     governor: str | None = Field(default=None, pattern=r"^[a-z_]+$")   # pin cpufreq (rooted), e.g. performance
 
     @field_validator("name")

@@ -11,6 +11,7 @@ import pandas as pd
 
 from .models.gguf_info import kv_scale
 from .recipes import RecommendSpec
+from .schema import TOKEN_PHASES
 
 DEFAULT_OVERHEAD = 64 * 1024**2   # used only when no peak RSS was measured for the model (and said so)
 
@@ -104,9 +105,11 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
         kvpt = _num(first["kv_bytes_per_token"])
         # kv_bytes_per_token is for F16 (2 bytes per element); quantized KV scales by ggml's block sizes
         kv = int(kvpt * spec.context * kv_scale(spec.kv_cache_type)) if kvpt else None
-        # runtime overhead from the bench cells: peak RSS − weights − KV at the bench's own context
+        # runtime overhead from the cells that ran prompts/generations (their token counts give the context):
+        # peak RSS − weights − KV at that context
         overheads = []
-        for _, cg in g[g["payload"] == "bench"].groupby("cell_id"):
+        timed = g[g["phase"].isin(TOKEN_PHASES)]["cell_id"].unique()
+        for _, cg in g[g["cell_id"].isin(timed)].groupby("cell_id"):
             rss = cg[(cg["metric"] == "peak_rss") & cg["value"].notna()]["value"]
             if rss.empty:
                 continue
@@ -122,17 +125,37 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
         ept, _ = _metric(g[g["phase"] == "decode"], "energy_per_token", how="min")
         acc = _mean_accuracy(g)
         dh, _ = _metric(g, "devhost_kld_mean")
-        c = Candidate(device, model, quant, mbytes, float(first["bpw"]), kv, overhead, overhead is not None,
-                      None, budget, dec, int(drow["threads"]) if drow is not None and pd.notna(drow["threads"]) else None,
-                      pre, kld, ppl, ept, acc, dh)
+        c = Candidate(
+            device,
+            model,
+            quant,
+            mbytes,
+            float(first["bpw"]),
+            kv,
+            overhead,
+            overhead is not None,
+            None,
+            budget,
+            dec,
+            int(drow["threads"]) if drow is not None and pd.notna(drow["threads"]) else None,
+            pre,
+            kld,
+            ppl,
+            ept,
+            acc,
+            dh,
+        )
         ov = overhead if overhead is not None else DEFAULT_OVERHEAD
         c.ram_need = mbytes + (kv or 0) + ov
         mb = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
         if budget is None:
             c.failures.append("device RAM unknown: set ram_budget_bytes in the lab file")
         elif c.ram_need > budget:
-            c.failures.append(f"needs {mb(c.ram_need)} (weights {mb(mbytes)} + {spec.kv_cache_type} KV@{spec.context} {mb(kv or 0)} + "
-                              f"runtime {mb(ov)}) > budget {mb(budget)}")
+            c.failures.append(
+                f"needs {mb(c.ram_need)} (weights {mb(mbytes)} + {spec.kv_cache_type} KV@{spec.context} "
+                f"{mb(kv or 0)} + "
+                f"runtime {mb(ov)}) > budget {mb(budget)}"
+            )
         if kld is None:
             c.failures.append("no KLD measured")
         elif kld > spec.max_kld_mean:
@@ -144,8 +167,10 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
         elif dec < spec.min_decode_tps:
             c.failures.append(f"decode {dec:.1f} tok/s < {spec.min_decode_tps}")
         if dh is not None and dh > spec.max_devhost_kld:
-            c.failures.append(f"the device's logits differ from the host's for this very file (KLD {dh:.4f} > "
-                              f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device")
+            c.failures.append(
+                f"the device's logits differ from the host's for this very file (KLD {dh:.4f} > "
+                f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device"
+            )
         if spec.min_accuracy is not None:
             if acc is None:
                 c.failures.append("no task accuracy measured")
@@ -208,30 +233,48 @@ def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendat
             c.on_frontier = not any(dominates(o, c, axis) for o in pool if o is not c)
         # the pick comes from the passing candidates that no other passing candidate dominates
         ok = [c for c in cs if c.passes]
-        ok = [c for c in ok if not any(dominates(o, c, axis) for o in ok if o is not c
-                                       and (axis == "accuracy" or o.model == c.model))]
+        ok = [
+            c
+            for c in ok
+            if not any(dominates(o, c, axis) for o in ok if o is not c and (axis == "accuracy" or o.model == c.model))
+        ]
         ok = sorted(ok, key=_rank_key(spec.prefer, axis))
         pick = ok[0] if ok else None
         for c in cs:
             if c is pick:
-                c.verdict = (f"picked: {spec.prefer} of {len(ok)} passing" + (f"; {c.verdict}" if c.verdict else ""))
+                c.verdict = f"picked: {spec.prefer} of {len(ok)} passing" + (f"; {c.verdict}" if c.verdict else "")
             elif c.passes and not any(c is o for o in ok):
-                dom = next(o for o in cs if o.passes and dominates(o, c, axis)
-                           and (axis == "accuracy" or o.model == c.model))
+                dom = next(
+                    o for o in cs if o.passes and dominates(o, c, axis) and (axis == "accuracy" or o.model == c.model)
+                )
                 c.verdict = f"passes, but {dom.model} {dom.quant} is better on every axis"
             elif c.passes:
-                why = {"smallest": f"passes, but larger ({c.model_bytes / 1024**2:.0f} MiB vs "
-                                   f"{pick.model_bytes / 1024**2:.0f} MiB)",
-                       "fastest": f"passes, but slower ({c.decode_tps:.1f} vs {pick.decode_tps:.1f} tok/s)",
-                       "best_quality": ((f"passes, but less accurate ({c.accuracy:.1%} vs {pick.accuracy:.1%})"
-                                         if c.accuracy != pick.accuracy else
-                                         f"passes, same accuracy but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})")
-                                        if axis == "accuracy" else
-                                        f"passes, but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})")}[spec.prefer]
+                why = {
+                    "smallest": f"passes, but larger ({c.model_bytes / 1024**2:.0f} MiB vs "
+                    f"{pick.model_bytes / 1024**2:.0f} MiB)",
+                    "fastest": f"passes, but slower ({c.decode_tps:.1f} vs {pick.decode_tps:.1f} tok/s)",
+                    "best_quality": (
+                        (
+                            f"passes, but less accurate ({c.accuracy:.1%} vs {pick.accuracy:.1%})"
+                            if c.accuracy != pick.accuracy
+                            else f"passes, same accuracy but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})"
+                        )
+                        if axis == "accuracy"
+                        else f"passes, but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})"
+                    ),
+                }[spec.prefer]
                 c.verdict = why
             else:
                 c.verdict = "; ".join(c.failures)
         knees = {m: knee([c for c in cs if c.model == m]) for m in models}
-        recs.append(DeviceRecommendation(device, pick, sorted(cs, key=lambda c: (c.model, -c.bpw)), spec.model_dump(),
-                                         axis, {m: k for m, k in knees.items() if k}))
+        recs.append(
+            DeviceRecommendation(
+                device,
+                pick,
+                sorted(cs, key=lambda c: (c.model, -c.bpw)),
+                spec.model_dump(),
+                axis,
+                {m: k for m, k in knees.items() if k},
+            )
+        )
     return recs

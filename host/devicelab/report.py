@@ -18,8 +18,8 @@ import pandas as pd  # noqa: E402
 
 from .analysis import findings, roofline  # noqa: E402
 from .models.gguf_info import kv_scale  # noqa: E402
-from .recommend import recommend  # noqa: E402
 from .recipes import RecommendSpec  # noqa: E402
+from .recommend import recommend  # noqa: E402
 from .tables import wide  # noqa: E402
 from .telemetry import normalize, sampler_csv  # noqa: E402
 
@@ -47,36 +47,51 @@ def _quality_plot(w: pd.DataFrame, rows: pd.DataFrame) -> str | None:
         for _, r in g.iterrows():
             axes[0].annotate(r.quant, (r.bpw, r.kld_mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
         axes[1].plot(g.bpw, g.ppl_ratio, "o-", label=model)
-    axes[0].set(xlabel="bits per weight (file)", ylabel="mean KLD vs F16 base (nats)", yscale="log", title="KL divergence")
+    axes[0].set(
+        xlabel="bits per weight (file)", ylabel="mean KLD vs F16 base (nats)", yscale="log", title="KL divergence"
+    )
     axes[1].set(xlabel="bits per weight (file)", ylabel="PPL(quant) / PPL(base)", title="perplexity ratio")
     if not acc.empty:
         acc = acc.assign(eval_route=acc["eval_route"].fillna("device-mc") if "eval_route" in acc else "device-mc")
-        a = acc.groupby(["model", "test", "eval_route", "quant"]).agg(bpw=("bpw", "first"),
-                                                                     acc=("value", "mean")).reset_index()
+        a = (
+            acc.groupby(["model", "test", "eval_route", "quant"])
+            .agg(bpw=("bpw", "first"), acc=("value", "mean"))
+            .reset_index()
+        )
         for (model, test, route), g in a.groupby(["model", "test", "eval_route"]):
             g = g.sort_values("bpw")
             task = test.split(":")[1] if test.startswith("lm-eval:") else test.split(":")[0]
             axes[2].plot(g.bpw, g.acc * 100, "o-", label=f"{model} · {task} ({route})")
-        axes[2].set(xlabel="bits per weight (file)", ylabel="accuracy (%)", title="task accuracy (own small task files)")
+        axes[2].set(
+            xlabel="bits per weight (file)", ylabel="accuracy (%)", title="task accuracy (own small task files)"
+        )
     for ax in axes:
-        ax.grid(alpha=.3)
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     return _png(fig)
 
 
 def _speed_plot(rows: pd.DataFrame) -> str | None:
-    sp = rows[rows.metric.isin(["prefill_tps", "decode_tps"]) & rows.value.notna() & rows.cpu_quota.isna()
-              & (rows.contention.fillna(0) == 0)]
+    sp = rows[
+        rows.metric.isin(["prefill_tps", "decode_tps"])
+        & rows.value.notna()
+        & rows.cpu_quota.isna()
+        & (rows.contention.fillna(0) == 0)
+    ]
     if sp.empty:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     for ax, metric in zip(axes, ("prefill_tps", "decode_tps")):
         d = sp[sp.metric == metric]
         for (dev, model, th), g in d.groupby(["device", "model", "threads"]):
-            g = g.groupby("quant").agg(bpw=("bpw", "first"), v=("value", "max"), sd=("stddev", "max")).sort_values("bpw")
+            g = (
+                g.groupby("quant")
+                .agg(bpw=("bpw", "first"), v=("value", "max"), sd=("stddev", "max"))
+                .sort_values("bpw")
+            )
             ax.errorbar(g.bpw, g.v, yerr=g.sd.fillna(0), fmt="o-", capsize=2, label=f"{dev} · {model} · {th} thr")
         ax.set(xlabel="bits per weight (file)", ylabel="tokens/s", title=metric.replace("_tps", " t/s"))
-        ax.grid(alpha=.3)
+        ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     return _png(fig)
 
@@ -90,7 +105,7 @@ def _energy_plot(rows: pd.DataFrame) -> str | None:
         g = g.groupby("quant").agg(bpw=("bpw", "first"), v=("value", "min")).sort_values("bpw")
         ax.plot(g.bpw, g.v, "o-", label=f"{dev} · {model} · {phase}")
     ax.set(xlabel="bits per weight", ylabel="J / token", title="energy per token")
-    ax.grid(alpha=.3)
+    ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return _png(fig)
 
@@ -99,7 +114,7 @@ def _trace_plots(rows: pd.DataFrame, artifacts: Path | None, limit: int = 12) ->
     out = []
     if artifacts is None or not artifacts.exists():
         return out
-    cells = rows[rows.payload.isin(["bench", "kld"])].drop_duplicates("cell_id")
+    cells = rows[rows.model_bytes.notna()].drop_duplicates("cell_id")  # the models' cells, any kind
     for _, c in cells.head(limit).iterrows():
         tries = sorted((artifacts / c.cell_id).glob("attempt-*/telemetry.csv"))
         if not tries:
@@ -119,13 +134,13 @@ def _trace_plots(rows: pd.DataFrame, artifacts: Path | None, limit: int = 12) ->
         temps, freqs = hot.notna().any(), ghz.notna().any()
         if temps or freqs:
             ax2 = ax.twinx()
-            if temps:        # read once a second: plot the ticks that have it
+            if temps:  # read once a second: plot the ticks that have it
                 ax2.plot(t[hot.notna()], hot.dropna(), "r-", label="hottest zone (°C)")
             if freqs:
                 ax2.plot(t[ghz.notna()], ghz.dropna(), "g-", label="mean CPU GHz")
         note = "" if (temps or freqs) else " (no thermal zones / cpufreq on this device)"
         ax.set_title(f"{c.device} {c.model} {c.quant} {c.payload}{note}", fontsize=8)
-        ax.grid(alpha=.3)
+        ax.grid(alpha=0.3)
         out.append((_png(fig), f"telemetry trace, cell {c.cell_id}"))
     return out
 
@@ -156,27 +171,57 @@ figcaption{font-size:11px;color:#666}.pick{background:#e5f6e5;font-weight:bold}.
 .held{color:#161}.not{color:#a33}section{margin-bottom:2em}"""
 
 
-def build(rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | None = None, title: str = "devicelab") -> Path:
+def build(
+    rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | None = None, title: str = "devicelab"
+) -> Path:
     w = wide(rows)
     recs = recommend(rows, spec)
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-             f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"]
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
+    ]
     # ---- recommendation first: what a person acts on
     parts.append("<section id='recommendation'><h2>Recommendation</h2>")
     for r in recs:
         if r.pick:
-            parts.append(f"<p class='pick' data-device='{html.escape(r.device)}'>{html.escape(r.device)}: ship "
-                         f"{html.escape(r.pick.model)} {html.escape(r.pick.quant)} ({r.pick.bpw:.2f} bits/weight, "
-                         f"{r.pick.model_bytes / 1024**2:.0f} MiB)</p>")
+            parts.append(
+                f"<p class='pick' data-device='{html.escape(r.device)}'>{html.escape(r.device)}: ship "
+                f"{html.escape(r.pick.model)} {html.escape(r.pick.quant)} ({r.pick.bpw:.2f} bits/weight, "
+                f"{r.pick.model_bytes / 1024**2:.0f} MiB)</p>"
+            )
         else:
             parts.append(f"<p class='lost'>{html.escape(r.device)}: no quant meets the constraints</p>")
-        cand = pd.DataFrame([{"model": c.model, "quant": c.quant, "bits/w": c.bpw, "MiB": c.model_bytes / 1024**2,
-                              "decode t/s": c.decode_tps, "mean KLD": c.kld_mean, "accuracy": c.accuracy,
-                              "RAM need MiB": (c.ram_need or 0) / 1024**2, "frontier": "◆" if c.on_frontier else "",
-                              "verdict": ("→ " if c is r.pick else "") + c.verdict} for c in r.candidates])
-        parts.append(_table(cand, list(cand.columns), {"bits/w": "{:.2f}".format, "MiB": "{:.0f}".format,
-                                                       "decode t/s": "{:.1f}".format, "mean KLD": "{:.4f}".format,
-                                                       "accuracy": "{:.1%}".format, "RAM need MiB": "{:.0f}".format}))
+        cand = pd.DataFrame(
+            [
+                {
+                    "model": c.model,
+                    "quant": c.quant,
+                    "bits/w": c.bpw,
+                    "MiB": c.model_bytes / 1024**2,
+                    "decode t/s": c.decode_tps,
+                    "mean KLD": c.kld_mean,
+                    "accuracy": c.accuracy,
+                    "RAM need MiB": (c.ram_need or 0) / 1024**2,
+                    "frontier": "◆" if c.on_frontier else "",
+                    "verdict": ("→ " if c is r.pick else "") + c.verdict,
+                }
+                for c in r.candidates
+            ]
+        )
+        parts.append(
+            _table(
+                cand,
+                list(cand.columns),
+                {
+                    "bits/w": "{:.2f}".format,
+                    "MiB": "{:.0f}".format,
+                    "decode t/s": "{:.1f}".format,
+                    "mean KLD": "{:.4f}".format,
+                    "accuracy": "{:.1%}".format,
+                    "RAM need MiB": "{:.0f}".format,
+                },
+            )
+        )
         kvrows = []
         for m in dict.fromkeys(c.model for c in r.candidates):
             g = rows[(rows.model == m) & rows.kv_bytes_per_token.notna()]
@@ -184,45 +229,90 @@ def build(rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | 
                 continue
             per = float(g.kv_bytes_per_token.iloc[0])
             for ctx_len in sorted({2048, 8192, 32768, int(r.spec["context"])}):
-                kvrows.append({"model": m, "context": ctx_len,
-                               **{f"{t.upper() if t == 'f16' else t} KV MiB": per * ctx_len * kv_scale(t) / 1024**2
-                                  for t in ("f16", "q8_0", "q4_0")}})
+                kvrows.append(
+                    {
+                        "model": m,
+                        "context": ctx_len,
+                        **{
+                            f"{t.upper() if t == 'f16' else t} KV MiB": per * ctx_len * kv_scale(t) / 1024**2
+                            for t in ("f16", "q8_0", "q4_0")
+                        },
+                    }
+                )
         if kvrows:
             kv = pd.DataFrame(kvrows)
             parts.append("<p>KV cache by context (grows linearly; -ctk/-ctv quantize it):</p>")
             parts.append(_table(kv, list(kv.columns), {c: "{:.0f}".format for c in kv.columns if "MiB" in c}))
-        knees = "; ".join(f"{m}: {k['bpw']:.2f} bpw ({k['from']}→{k['to']}, KLD ×{k['jump']:.1f})" for m, k in r.knees.items())
-        parts.append(f"<p>Quality axis: {html.escape(r.quality_axis)}. Bits-per-weight knee: {html.escape(knees or '—')}."
-                     f" Constraints: {html.escape(json.dumps(r.spec))}</p>")
+        knees = "; ".join(
+            f"{m}: {k['bpw']:.2f} bpw ({k['from']}→{k['to']}, KLD ×{k['jump']:.1f})" for m, k in r.knees.items()
+        )
+        parts.append(
+            f"<p>Quality axis: {html.escape(r.quality_axis)}. Bits-per-weight knee: {html.escape(knees or '—')}."
+            f" Constraints: {html.escape(json.dumps(r.spec))}</p>"
+        )
     parts.append("</section>")
     # ---- results
     parts.append("<section id='results'><h2>Results</h2>")
     if not w.empty:
-        parts.append(_table(w, ["device", "model", "quant", "bpw", "prefill_tps", "decode_tps", "kld_mean", "ppl_ratio",
-                                "same_top_p", "peak_rss", "decode_j_per_tok"],
-                            {"bpw": "{:.2f}".format, "prefill_tps": "{:.1f}".format, "decode_tps": "{:.1f}".format,
-                             "kld_mean": "{:.4f}".format, "ppl_ratio": "{:.4f}".format, "same_top_p": "{:.1%}".format,
-                             "peak_rss": lambda v: f"{v / 1024**2:.0f} MiB", "decode_j_per_tok": "{:.3g}".format}))
-    for fn, alt in ((lambda: _quality_plot(w, rows), "quality vs bits per weight, per model"),
-                    (lambda: _speed_plot(rows), "prefill and decode t/s vs bits per weight, per device"),
-                    (lambda: _energy_plot(rows), "energy per token")):
+        parts.append(
+            _table(
+                w,
+                [
+                    "device",
+                    "model",
+                    "quant",
+                    "bpw",
+                    "prefill_tps",
+                    "decode_tps",
+                    "kld_mean",
+                    "ppl_ratio",
+                    "same_top_p",
+                    "peak_rss",
+                    "decode_j_per_tok",
+                ],
+                {
+                    "bpw": "{:.2f}".format,
+                    "prefill_tps": "{:.1f}".format,
+                    "decode_tps": "{:.1f}".format,
+                    "kld_mean": "{:.4f}".format,
+                    "ppl_ratio": "{:.4f}".format,
+                    "same_top_p": "{:.1%}".format,
+                    "peak_rss": lambda v: f"{v / 1024**2:.0f} MiB",
+                    "decode_j_per_tok": "{:.3g}".format,
+                },
+            )
+        )
+    for fn, alt in (
+        (lambda: _quality_plot(w, rows), "quality vs bits per weight, per model"),
+        (lambda: _speed_plot(rows), "prefill and decode t/s vs bits per weight, per device"),
+        (lambda: _energy_plot(rows), "energy per token"),
+    ):
         src = fn()
-        parts.append(_img(src, alt) if src else f"<p>{html.escape(alt)}: no data (e.g. no power source on these devices).</p>")
+        parts.append(
+            _img(src, alt) if src else f"<p>{html.escape(alt)}: no data (e.g. no power source on these devices).</p>"
+        )
     parts.append("</section>")
     # ---- roofline + findings
     rl = roofline(rows)
     parts.append("<section id='roofline'><h2>Roofline</h2>")
     if not rl.empty and rl.efficiency.notna().any():
-        parts.append(_table(rl, ["device", "model", "quant", "test", "threads", "tps", "limit_tps", "efficiency", "bound"],
-                            {"tps": "{:.1f}".format, "limit_tps": "{:.1f}".format, "efficiency": "{:.0%}".format}))
+        parts.append(
+            _table(
+                rl,
+                ["device", "model", "quant", "test", "threads", "tps", "limit_tps", "efficiency", "bound"],
+                {"tps": "{:.1f}".format, "limit_tps": "{:.1f}".format, "efficiency": "{:.0%}".format},
+            )
+        )
     else:
         parts.append("<p>No bandwidth measurement (add a <code>kind: membw</code> payload).</p>")
     parts.append("</section><section id='findings'><h2>The seeds' findings on this data</h2><ul>")
     for f in findings(rows):
         cls = {True: "held", False: "not", None: ""}[f["held"]]
         word = {True: "held", False: "did not hold", None: "not enough data"}[f["held"]]
-        parts.append(f"<li><b>{html.escape(f['device'])} {html.escape(f['model'])}</b>: {html.escape(f['claim'])} — "
-                     f"<span class='{cls}'>{word}</span> ({html.escape(f['evidence'])})</li>")
+        parts.append(
+            f"<li><b>{html.escape(f['device'])} {html.escape(f['model'])}</b>: {html.escape(f['claim'])} — "
+            f"<span class='{cls}'>{word}</span> ({html.escape(f['evidence'])})</li>"
+        )
     parts.append("</ul></section>")
     # ---- traces
     traces = _trace_plots(rows, artifacts)
@@ -231,7 +321,11 @@ def build(rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | 
     if not traces:
         parts.append("<p>No raw artifacts available (a report from an exported table has no traces).</p>")
     parts.append("</section>")
-    prov = rows.drop_duplicates("build_key")[["build_commit", "build_key", "target", "build_flags"]] if not rows.empty else rows
+    prov = (
+        rows.drop_duplicates("build_key")[["build_commit", "build_key", "target", "build_flags"]]
+        if not rows.empty
+        else rows
+    )
     parts.append("<section id='provenance'><h2>Provenance</h2>")
     if not rows.empty:
         parts.append(_table(prov, list(prov.columns)))

@@ -13,34 +13,41 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-# metric name -> unit
-METRICS: dict[str, str] = {
+HIGHER, LOWER = "higher", "lower"
+# every metric, once: name -> (unit, which way is better; None where neither is: a condition or a count)
+METRIC_DEFS: dict[str, tuple[str, str | None]] = {
     # llama-bench
-    "prefill_tps": "tok/s", "decode_tps": "tok/s", "pg_tps": "tok/s",
-    "test_seconds": "s",
+    "prefill_tps": ("tok/s", HIGHER), "decode_tps": ("tok/s", HIGHER), "pg_tps": ("tok/s", HIGHER),
+    "test_seconds": ("s", LOWER),
     # perplexity / KLD
-    "ppl": "1", "ppl_base": "1", "ppl_ratio": "1", "ln_ppl_ratio": "1",
-    "kld_mean": "nat", "kld_median": "nat", "kld_p99": "nat", "kld_p90": "nat", "kld_max": "nat",
-    "same_top_p": "1", "rms_dp": "1",
+    "ppl": ("1", LOWER), "ppl_base": ("1", None), "ppl_ratio": ("1", LOWER), "ln_ppl_ratio": ("1", LOWER),
+    "kld_mean": ("nat", LOWER), "kld_median": ("nat", LOWER), "kld_p99": ("nat", LOWER), "kld_p90": ("nat", LOWER),
+    "kld_max": ("nat", LOWER), "same_top_p": ("1", HIGHER), "rms_dp": ("1", LOWER),
     # process
-    "peak_rss": "B", "wall_seconds": "s",
+    "peak_rss": ("B", LOWER), "wall_seconds": ("s", LOWER),
     # thermal / frequency
-    "temp_start": "degC", "temp_end": "degC", "temp_max": "degC",
-    "cpu_freq_mean": "Hz", "cpu_freq_min": "Hz",
+    "temp_start": ("degC", None), "temp_end": ("degC", None), "temp_max": ("degC", LOWER),
+    "cpu_freq_mean": ("Hz", None), "cpu_freq_min": ("Hz", None),
     # power / energy
-    "power_mean": "W", "energy": "J", "energy_per_token": "J/tok", "wh_per_prompt": "Wh",
-    "cooldown_wait": "s", "temp_baseline": "degC",
+    "power_mean": ("W", LOWER), "energy": ("J", LOWER), "energy_per_token": ("J/tok", LOWER),
+    "wh_per_prompt": ("Wh", LOWER), "cooldown_wait": ("s", None), "temp_baseline": ("degC", None),
     # once-per-cell snapshots (dumpsys, ioreg, pmset), phase = snapshot_start / snapshot_end
-    "battery_level": "1", "battery_voltage": "V", "battery_current": "A", "battery_power": "W",
-    "battery_temp": "degC", "charge_counter": "C", "thermal_status": "1", "cpu_speed_limit": "1",
-    "screen_on": "1",
+    "battery_level": ("1", None), "battery_voltage": ("V", None), "battery_current": ("A", None),
+    "battery_power": ("W", LOWER), "battery_temp": ("degC", None), "charge_counter": ("C", None),
+    "thermal_status": ("1", LOWER), "cpu_speed_limit": ("1", HIGHER), "screen_on": ("1", None),
     # roofline payload (device_payloads/membw.c) and parallel streams (llama-batched-bench)
-    "mem_bandwidth": "B/s", "peak_flops": "FLOP/s", "aggregate_tps": "tok/s", "aggregate_decode_tps": "tok/s",
+    "mem_bandwidth": ("B/s", HIGHER), "peak_flops": ("FLOP/s", HIGHER), "aggregate_tps": ("tok/s", HIGHER),
+    "aggregate_decode_tps": ("tok/s", HIGHER),
     # host/device logit check (same file on the device and on the host)
-    "devhost_kld_mean": "nat", "devhost_same_top_p": "1",
+    "devhost_kld_mean": ("nat", LOWER), "devhost_same_top_p": ("1", HIGHER),
     # task evals; llama-server's own token counters over an lm-eval run (server-generate)
-    "accuracy": "1", "tokens_prompt": "tok", "tokens_generated": "tok", "eval_gen_tps": "tok/s",
+    "accuracy": ("1", HIGHER), "tokens_prompt": ("tok", None), "tokens_generated": ("tok", None),
+    "eval_gen_tps": ("tok/s", HIGHER),
 }
+METRICS: dict[str, str] = {k: unit for k, (unit, _) in METRIC_DEFS.items()}      # name -> unit
+BETTER: dict[str, str | None] = {k: b for k, (_, b) in METRIC_DEFS.items()}     # name -> higher | lower | None
+# phases of a timed prompt/generation test: their rows give the context a cell's memory was measured at
+TOKEN_PHASES = ("prefill", "decode", "pg")
 
 ROW_COLUMNS = [
     "run_id", "cell_id", "recipe", "device", "target", "model", "quant", "payload", "test",
@@ -49,7 +56,7 @@ ROW_COLUMNS = [
     "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
     "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
     "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes",
-    "temp_start_c", "temp_end_c", "throttled", "energy_calibration", "recorded_at",
+    "temp_start_c", "temp_end_c", "throttled", "energy_calibration", "host_activity", "recorded_at",
 ]
 
 
@@ -91,7 +98,7 @@ class Row:
         d.update(base)
         d["unit"] = self.unit
         d["samples"] = json.dumps(self.samples) if self.samples is not None else None
-        for k in ("tensor_types", "build_flags", "device_facts", "energy_calibration"):
+        for k in ("tensor_types", "build_flags", "device_facts", "energy_calibration", "host_activity"):
             if d.get(k) is not None and not isinstance(d[k], str):
                 d[k] = json.dumps(d[k], sort_keys=True)
         d.setdefault("recorded_at", None)

@@ -10,12 +10,33 @@ from pydantic import ValidationError
 from .errors import DevicelabError
 
 
-def load_yaml(path: Path, what: str) -> dict:
+def read_text(path: Path, what: str) -> str:
+    """A text file the user gave: one line for a missing file, a folder, no permission, or bytes that are
+    not UTF-8 (the line and byte where they stop being text)."""
     path = Path(path)
     if not path.exists():
         raise DevicelabError(f"{what} {path} does not exist")
+    if path.is_dir():
+        raise DevicelabError(f"{what} {path} is a folder; give the file")
     try:
-        data = yaml.safe_load(path.read_text())
+        raw = path.read_bytes()
+    except OSError as e:
+        raise DevicelabError(f"{what} {path} cannot be read: {e.strerror or e}") from e
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise DevicelabError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}); save the {what} "
+                             "as UTF-8") from e
+
+
+def load_yaml(path: Path, what: str) -> dict:
+    path = Path(path)
+    text = read_text(path, what)
+    if "\x00" in text:
+        raise DevicelabError(f"{path}: a {what} is YAML text; this file holds binary data")
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

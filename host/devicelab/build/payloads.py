@@ -11,7 +11,6 @@ from pathlib import Path
 
 from .. import paths
 from ..errors import DevicelabError
-from ..schema import Row
 
 
 def _compiler_for(manifest: dict) -> tuple[str, list[str]]:
@@ -47,13 +46,3 @@ def ensure_membw(build) -> Path:
         raise DevicelabError(f"building membw for {build.manifest['target']} failed: {r.stderr.strip()[:300]}")
     return out
 
-
-def membw_rows(stdout: str) -> list[Row]:
-    for line in stdout.splitlines():
-        line = line.split("\t", 1)[-1].strip()
-        if line.startswith("{"):
-            r = json.loads(line)
-            kw = dict(test=f"read {r['buffer_bytes'] >> 20} MiB", phase="roofline", threads=r["threads"], n=r["reps"])
-            return [Row(metric="mem_bandwidth", value=float(r["read_bytes_per_s"]), **kw),
-                    Row(metric="peak_flops", value=float(r["fma_flops_per_s"]), **kw)]
-    raise DevicelabError("membw printed no result")

@@ -94,7 +94,9 @@ def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -
         if r.rc != 0:
             tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-30:])
             first = next((l for l in tail.splitlines() if "error" in l.lower()), f"exit {r.rc}")
-            raise DevicelabError(f"build on {t.name} failed at `{argv[0]} {argv[1]}`: {first.strip()[:200]}", detail=tail)
+            raise DevicelabError(
+                f"build on {t.name} failed at `{argv[0]} {argv[1]}`: {first.strip()[:200]}", detail=tail
+            )
     t.mkdir(posixpath.join(root, "bin"))
     tools = {}
     for tool in target.tools:
@@ -103,11 +105,19 @@ def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -
         if t.run(["cp", "-f", src_bin, dst]).rc != 0:
             raise DevicelabError(f"build on {t.name} produced no {tool}")
         tools[tool] = t.sha256(dst)
-    manifest = {"key": key, "commit": src.commit, "dirty": src.dirty, "target": target.name,
-                "flags": target.cmake_flags(), "compiler": cc, "tools": tools, "where": "device",
-                "cmake_plan": plan(remote_src, build_dir, target, jobs)}
+    manifest = {
+        "key": key,
+        "commit": src.commit,
+        "dirty": src.dirty,
+        "target": target.name,
+        "flags": target.cmake_flags(),
+        "compiler": cc,
+        "tools": tools,
+        "where": "device",
+        "cmake_plan": plan(remote_src, build_dir, target, jobs),
+    }
     tmp = Path(paths.sub("tmp")) / f"manifest-{key}.json"
     tmp.write_text(json.dumps(manifest, indent=1))
-    t.put(tmp, man_path + ".part")            # written aside, then renamed: never half a manifest
+    t.put(tmp, man_path + ".part")  # written aside, then renamed: never half a manifest
     t.run(["mv", "-f", man_path + ".part", man_path])
     return RemoteBuild(root, manifest)

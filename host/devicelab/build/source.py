@@ -64,8 +64,10 @@ def _locate_tree(p: Path) -> Path:
     for cand in (p, p / "vendor" / "llama.cpp"):
         if _is_llama_tree(cand):
             return cand
-    raise DevicelabError(f"{p} is not a llama.cpp tree (no CMakeLists.txt + ggml/ + tools/, nor vendor/llama.cpp); "
-                         "give a llama.cpp checkout, an extracted llama-cpp-python sdist, or 'pypi:llama-cpp-python==VERSION'")
+    raise DevicelabError(
+        f"{p} is not a llama.cpp tree (no CMakeLists.txt + ggml/ + tools/, nor vendor/llama.cpp); "
+        "give a llama.cpp checkout, an extracted llama-cpp-python sdist, or 'pypi:llama-cpp-python==VERSION'"
+    )
 
 
 def _extract_sdist(archive: Path) -> Path:
@@ -89,12 +91,17 @@ def _pip_download(requirement: str) -> Path:
         hit = dl / f"{pkg}-{requirement.split('==')[1]}.tar.gz"
         if hit.exists():
             return hit
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-                        requirement, "-d", str(dl)], capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", requirement, "-d", str(dl)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise DevicelabError(f"could not download {requirement} from the package registry ({last}); "
-                             "check the version, or give a local llama.cpp checkout with --source PATH")
+        raise DevicelabError(
+            f"could not download {requirement} from the package registry ({last}); "
+            "check the version, or give a local llama.cpp checkout with --source PATH"
+        )
     hits = sorted(dl.glob(f"{pkg}-*.tar.gz"), key=lambda p: p.stat().st_mtime)
     if not hits:
         raise DevicelabError(f"pip downloaded no sdist for {requirement} into {dl}")
@@ -106,7 +113,7 @@ def resolve(spec: str | None = None) -> Source:
     a path to a llama.cpp checkout / extracted sdist, or a path to a sdist .tar.gz."""
     spec = spec or DEFAULT_SOURCE
     if spec.startswith("pypi:"):
-        root = _extract_sdist(_pip_download(spec[len("pypi:"):]))
+        root = _extract_sdist(_pip_download(spec[len("pypi:") :]))
     else:
         p = Path(spec).expanduser()
         if not p.exists():

@@ -16,8 +16,9 @@ from ..errors import DevicelabError
 # the tools the lab runs; llama-completion is the non-interactive generator (llama-cli became a chat UI)
 TOOLS = ("llama-bench", "llama-perplexity", "llama-quantize", "llama-server", "llama-completion", "llama-batched-bench")
 
-# what a device needs (quantizing and KLD base logits happen on the host)
-DEVICE_TOOLS = ("llama-bench", "llama-perplexity")
+# what a device needs (quantizing and KLD base logits happen on the host): every tool a payload kind runs
+# there, so one build per target serves every recipe
+DEVICE_TOOLS = ("llama-bench", "llama-perplexity", "llama-server", "llama-batched-bench")
 
 # flags every target gets: offline-safe (no web UI download, no HTTPS), no tests/examples, static libs
 COMMON_FLAGS = {
@@ -153,5 +154,6 @@ def check_toolchain(t: Target) -> None:
         need.append(os.environ.get("CC", "cc"))
     for exe in need:
         if shutil.which(exe) is None:
-            pkg = {"cmake": "cmake", "aarch64-linux-gnu-gcc": "gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"}.get(exe, "build-essential")
+            pkg = {"cmake": "cmake", "aarch64-linux-gnu-gcc": "gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"}.get(
+                exe, "build-essential")
             raise DevicelabError(f"{exe} not found on PATH; install it (Debian: apt-get install {pkg})")

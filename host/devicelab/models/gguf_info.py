@@ -10,7 +10,6 @@ from pathlib import Path
 
 from ..errors import DevicelabError
 
-
 # bytes per KV-cache element for llama.cpp's -ctk/-ctv types (ggml block sizes: q8_0 34 B / 32, q4_0 18 B / 32)
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 

@@ -95,8 +95,10 @@ class Ladder:
     def _need_disk(self, nbytes: int) -> None:
         free = shutil.disk_usage(self.dir).free
         if free < nbytes * 1.1 + (256 << 20):
-            raise DevicelabError(f"not enough disk to quantize {self.model_name}: {free / 1e9:.2f} GB free in "
-                                 f"{self.dir}, need about {nbytes * 1.1 / 1e9:.2f} GB; free space or set DEVICELAB_HOME")
+            raise DevicelabError(
+                f"not enough disk to quantize {self.model_name}: {free / 1e9:.2f} GB free in "
+                f"{self.dir}, need about {nbytes * 1.1 / 1e9:.2f} GB; free space or set DEVICELAB_HOME"
+            )
 
     def base(self, log: Path | None = None) -> QuantFile:
         """The F16 base. An already-float source is used as is (its own type); a quantized source is
@@ -113,18 +115,37 @@ class Ladder:
                 out.hardlink_to(self.source)
             except OSError:
                 shutil.copyfile(self.source, out)
-            return _finish("base", out, {"base_type": FLOAT_FILE_TYPES[info.file_type], "requantized_from": None,
-                                         "source": str(self.source), "source_sha256": self.source_sha})
+            return _finish(
+                "base",
+                out,
+                {
+                    "base_type": FLOAT_FILE_TYPES[info.file_type],
+                    "requantized_from": None,
+                    "source": str(self.source),
+                    "source_sha256": self.source_sha,
+                },
+            )
         self._need_disk(info.n_params * 2)
         tmp = out.with_suffix(".tmp.gguf")
-        run_logged([self.quantize, "--allow-requantize", self.source, tmp, "F16"], log,
-                   what=f"llama-quantize {self.model_name} → F16 base")
+        run_logged(
+            [self.quantize, "--allow-requantize", self.source, tmp, "F16"],
+            log,
+            what=f"llama-quantize {self.model_name} → F16 base",
+        )
         tmp.rename(out)
-        return _finish("base", out, {"base_type": "f16", "requantized_from": info.dominant_type(),
-                                     "source": str(self.source), "source_sha256": self.source_sha,
-                                     "note": f"F16 base made from a {info.dominant_type()} file: quality is "
-                                             "measured relative to that file, not to the original weights",
-                                     **self.build_provenance})
+        return _finish(
+            "base",
+            out,
+            {
+                "base_type": "f16",
+                "requantized_from": info.dominant_type(),
+                "source": str(self.source),
+                "source_sha256": self.source_sha,
+                "note": f"F16 base made from a {info.dominant_type()} file: quality is "
+                "measured relative to that file, not to the original weights",
+                **self.build_provenance,
+            },
+        )
 
     def quant(self, quant: str, threads: int | None = None, imatrix: Path | None = None) -> QuantFile:
         quant = check_quant(quant)
@@ -146,9 +167,17 @@ class Ladder:
         t0 = time.time()
         run_logged(argv, self.dir / "quantize.log", what=f"llama-quantize {self.model_name} → {quant}")
         tmp.rename(out)
-        return _finish(quant, out, {"base_sha256": base.sha256, "quantize_argv": argv[1:],
-                                    "quantize_seconds": round(time.time() - t0, 2),
-                                    "imatrix": str(imatrix) if imatrix else None, **self.build_provenance})
+        return _finish(
+            quant,
+            out,
+            {
+                "base_sha256": base.sha256,
+                "quantize_argv": argv[1:],
+                "quantize_seconds": round(time.time() - t0, 2),
+                "imatrix": str(imatrix) if imatrix else None,
+                **self.build_provenance,
+            },
+        )
 
     def make(self, quants: list[str], progress: Callable[[str], None] | None = None) -> dict[str, QuantFile]:
         out = {}

@@ -294,7 +294,8 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
     pm = pm or []
     tp = [x["thermal_pressure"] for x in pm if x["thermal_pressure"] is not None]
     if tp:
-        rows.append(Row(metric="thermal_status", value=float(max(tp)), phase="cell", test="powermetrics thermal_pressure"))
+        rows.append(Row(metric="thermal_status", value=float(max(tp)), phase="cell",
+                        test="powermetrics thermal_pressure"))
         if max(tp) > tp[0]:
             throttled = True
     src = power_source(tr, prior_calibration)
@@ -302,13 +303,26 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
     if src is None and pm_e:
         e, dur = sum(x["energy_j"] for x in pm_e), sum(x["elapsed_s"] for x in pm_e)
         how = sorted({x["energy_from"] for x in pm_e})
-        rows += [Row(metric="energy", value=e, phase="cell", test="powermetrics", n=len(pm_e)),
-                 Row(metric="power_mean", value=e / dur, phase="cell", test="powermetrics", n=len(pm_e))]
-        for ph in phases:     # phases need the device's clock, which a Mac lacks (no /proc/uptime)
-            rows.append(missing("energy", "powermetrics gives the whole cell only: no sub-second device clock to place "
-                                "phases on", phase=ph.kind, test=ph.name))
-        return Summary(rows, t_start, t_end, throttled, {"source": "powermetrics", "energy_from": ",".join(how),
-                                                         "samples": len(pm_e)})
+        rows += [
+            Row(metric="energy", value=e, phase="cell", test="powermetrics", n=len(pm_e)),
+            Row(metric="power_mean", value=e / dur, phase="cell", test="powermetrics", n=len(pm_e)),
+        ]
+        for ph in phases:  # phases need the device's clock, which a Mac lacks (no /proc/uptime)
+            rows.append(
+                missing(
+                    "energy",
+                    "powermetrics gives the whole cell only: no sub-second device clock to place phases on",
+                    phase=ph.kind,
+                    test=ph.name,
+                )
+            )
+        return Summary(
+            rows,
+            t_start,
+            t_end,
+            throttled,
+            {"source": "powermetrics", "energy_from": ",".join(how), "samples": len(pm_e)},
+        )
     # ---- energy ----
     calib = {}
     all_phases = list(phases)
@@ -335,5 +349,7 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
         if ph.tokens:
             rows.append(Row(metric="energy_per_token", value=e / ph.tokens, **kw))
         if ph.kind == "pg" and ph.reps:
-            rows.append(Row(metric="wh_per_prompt", value=e / ph.reps / 3600, **kw))   # the seeds' energy per instruction
+            rows.append(
+                Row(metric="wh_per_prompt", value=e / ph.reps / 3600, **kw)
+            )  # the seeds' energy per instruction
     return Summary(rows, t_start, t_end, throttled, calib)

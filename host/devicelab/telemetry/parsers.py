@@ -39,7 +39,9 @@ def dumpsys_battery(text: str) -> dict:
     return out
 
 
-_TEMP = re.compile(r"Temperature\{mValue=(?P<v>-?[\d.]+), mType=(?P<t>-?\d+), mName=(?P<n>[^,]+), mStatus=(?P<s>-?\d+)\}")
+_TEMP = re.compile(
+    r"Temperature\{mValue=(?P<v>-?[\d.]+), mType=(?P<t>-?\d+), mName=(?P<n>[^,]+), mStatus=(?P<s>-?\d+)\}"
+)
 
 
 def dumpsys_thermalservice(text: str) -> dict:
@@ -48,15 +50,20 @@ def dumpsys_thermalservice(text: str) -> dict:
     m = re.search(r"Thermal Status:\s*(-?\d+)", text)
     cur = text.split("Current temperatures from HAL:", 1)
     section = cur[1].split("Current cooling devices", 1)[0] if len(cur) == 2 else text
-    temps = [{"name": t["n"], "type": int(t["t"]), "value": float(t["v"]), "status": int(t["s"])}
-             for t in _TEMP.finditer(section)]
-    return {"thermal_status": int(m.group(1)) if m else None, "temperatures": temps,
-            "temp_max": max((t["value"] for t in temps), default=None)}
+    temps = [
+        {"name": t["n"], "type": int(t["t"]), "value": float(t["v"]), "status": int(t["s"])}
+        for t in _TEMP.finditer(section)
+    ]
+    return {
+        "thermal_status": int(m.group(1)) if m else None,
+        "temperatures": temps,
+        "temp_max": max((t["value"] for t in temps), default=None),
+    }
 
 
 def _ioreg_int(v: str) -> int:
     n = int(v)
-    return n - (1 << 64) if n >= (1 << 63) else n     # ioreg prints signed currents as unsigned 64-bit
+    return n - (1 << 64) if n >= (1 << 63) else n  # ioreg prints signed currents as unsigned 64-bit
 
 
 def ioreg_battery(text: str) -> dict:
@@ -68,9 +75,11 @@ def ioreg_battery(text: str) -> dict:
     ints = {k: _ioreg_int(v) for k, v in kv.items() if re.fullmatch(r"\d+", v)}
     amp = ints.get("InstantAmperage", ints.get("Amperage"))
     volt = ints.get("Voltage")
-    cur = -amp / 1e3 if amp is not None else None          # our convention: positive = discharging
+    cur = -amp / 1e3 if amp is not None else None  # our convention: positive = discharging
     cap, mx = ints.get("CurrentCapacity"), ints.get("MaxCapacity")
-    level = (cap / mx) if cap is not None and mx and mx <= 100 else (cap / 100 if cap is not None and cap <= 100 else None)
+    level = (
+        (cap / mx) if cap is not None and mx and mx <= 100 else (cap / 100 if cap is not None and cap <= 100 else None)
+    )
     return {
         "battery_voltage": volt / 1e3 if volt is not None else None,
         "battery_current": cur,
@@ -86,20 +95,24 @@ def ioreg_battery(text: str) -> dict:
 def pmset_batt(text: str) -> dict:
     src = re.search(r"Now drawing from '([^']+)'", text)
     m = re.search(r"(\d+)%;\s*([^;]+);\s*([^\n]*)", text)
-    return {"power_source": src.group(1) if src else None,
-            "battery_level": int(m.group(1)) / 100 if m else None,
-            "status": m.group(2).strip() if m else None,
-            "remaining": m.group(3).split(" present")[0].strip() if m else None,
-            "plugged": bool(src and "AC" in src.group(1))}
+    return {
+        "power_source": src.group(1) if src else None,
+        "battery_level": int(m.group(1)) / 100 if m else None,
+        "status": m.group(2).strip() if m else None,
+        "remaining": m.group(3).split(" present")[0].strip() if m else None,
+        "plugged": bool(src and "AC" in src.group(1)),
+    }
 
 
 def pmset_therm(text: str) -> dict:
     kv = _kv_lines(text, "=")
     limit = kv.get("CPU_Speed_Limit")
     warn = re.search(r"[Tt]hermal warning level (?:set to|is) (\d+)", text)
-    return {"cpu_speed_limit": int(limit) / 100 if limit and limit.isdigit() else None,
-            "cpu_available": int(kv["CPU_Available_CPUs"]) if kv.get("CPU_Available_CPUs", "").isdigit() else None,
-            "thermal_warning_level": int(warn.group(1)) if warn else (0 if "No thermal warning" in text else None)}
+    return {
+        "cpu_speed_limit": int(limit) / 100 if limit and limit.isdigit() else None,
+        "cpu_available": int(kv["CPU_Available_CPUs"]) if kv.get("CPU_Available_CPUs", "").isdigit() else None,
+        "thermal_warning_level": int(warn.group(1)) if warn else (0 if "No thermal warning" in text else None),
+    }
 
 
 def dumpsys_power(text: str) -> dict:
@@ -132,14 +145,16 @@ def powermetrics(raw: bytes) -> list[dict]:
             continue
         try:
             d = plistlib.loads(chunk)
-        except Exception:          # noqa: BLE001 - plistlib raises several types for a torn document
+        except Exception:  # noqa: BLE001 - plistlib raises several types for a torn document
             continue
         proc, gpu = d.get("processor") or {}, d.get("gpu") or {}
         dt = d.get("elapsed_ns")
         if not isinstance(dt, (int, float)) or dt <= 0:
             continue
         dt = dt / 1e9
-        parts = {k: proc.get(f"{k}_energy", gpu.get(f"{k}_energy") if k == "gpu" else None) for k in ("cpu", "gpu", "ane")}
+        parts = {
+            k: proc.get(f"{k}_energy", gpu.get(f"{k}_energy") if k == "gpu" else None) for k in ("cpu", "gpu", "ane")
+        }
         if any(isinstance(v, (int, float)) for v in parts.values()):
             energy = sum(float(v) for v in parts.values() if isinstance(v, (int, float))) / 1e3
             how = "energy"
@@ -149,13 +164,20 @@ def powermetrics(raw: bytes) -> list[dict]:
         else:
             energy, how = None, None
         tp = d.get("thermal_pressure")
-        out.append({
-            "elapsed_s": dt, "energy_j": energy, "energy_from": how,
-            "cpu_j": parts["cpu"] / 1e3 if isinstance(parts["cpu"], (int, float)) else None,
-            "gpu_j": parts["gpu"] / 1e3 if isinstance(parts["gpu"], (int, float)) else None,
-            "ane_j": parts["ane"] / 1e3 if isinstance(parts["ane"], (int, float)) else None,
-            "thermal_pressure": THERMAL_PRESSURE.get(str(tp).lower()) if tp is not None else None,
-            "cluster_hz": {c.get("name", str(i)): float(c["freq_hz"]) for i, c in enumerate(proc.get("clusters") or [])
-                           if isinstance(c, dict) and isinstance(c.get("freq_hz"), (int, float))},
-        })
+        out.append(
+            {
+                "elapsed_s": dt,
+                "energy_j": energy,
+                "energy_from": how,
+                "cpu_j": parts["cpu"] / 1e3 if isinstance(parts["cpu"], (int, float)) else None,
+                "gpu_j": parts["gpu"] / 1e3 if isinstance(parts["gpu"], (int, float)) else None,
+                "ane_j": parts["ane"] / 1e3 if isinstance(parts["ane"], (int, float)) else None,
+                "thermal_pressure": THERMAL_PRESSURE.get(str(tp).lower()) if tp is not None else None,
+                "cluster_hz": {
+                    c.get("name", str(i)): float(c["freq_hz"])
+                    for i, c in enumerate(proc.get("clusters") or [])
+                    if isinstance(c, dict) and isinstance(c.get("freq_hz"), (int, float))
+                },
+            }
+        )
     return out

@@ -39,8 +39,10 @@ def powermetrics_access(t: Transport) -> str:
     return out if out in ("root", "sudo") else ""
 
 
-def take(t: Transport, tools: set[str], when: str, artifacts: Path) -> tuple[list[Row], dict]:
-    rows, parsed = [], {}
+def take(t: Transport, tools: set[str], when: str, artifacts: Path) -> dict:
+    """Run the snapshot commands the device has; their raw text goes to the cell's artifacts
+    (NAME.WHEN.txt), where `from_artifacts` reads it back; returns the parsed values by source."""
+    parsed = {}
     for name, argv, parse, needs in SOURCES:
         if needs not in tools:
             continue
@@ -49,7 +51,18 @@ def take(t: Transport, tools: set[str], when: str, artifacts: Path) -> tuple[lis
             continue
         artifacts.mkdir(parents=True, exist_ok=True)
         (artifacts / f"{name}.{when}.txt").write_text(r.stdout)
-        d = parse(r.stdout)
+        parsed[name] = parse(r.stdout)
+    return parsed
+
+
+def from_artifacts(artifacts: Path, when: str) -> tuple[list[Row], dict]:
+    """Rows and parsed values of the snapshots a cell stored (pure but for reading its files)."""
+    rows, parsed = [], {}
+    for name, _argv, parse, _needs in SOURCES:
+        f = artifacts / f"{name}.{when}.txt"
+        if not f.is_file():
+            continue
+        d = parse(f.read_text(errors="replace"))
         parsed[name] = d
         for k, v in d.items():
             if k in ROW_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):

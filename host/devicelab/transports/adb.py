@@ -13,8 +13,8 @@ import re
 import shutil
 import stat
 import subprocess
-from contextlib import contextmanager
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -40,6 +40,17 @@ class ADBTransport(Transport):
         self.dev: adbutils.AdbDevice | None = None
         self.v2 = False
         self._cli: str | None = None
+
+    def default_target(self, device, facts):
+        """The NDK build (arm64-v8a) where an NDK is set, else the static aarch64 Linux build, with a warning."""
+        from ..build import targets
+        feats = set((facts.get("cpu.features") or "").split())
+        ndk = targets.find_ndk()
+        if ndk:
+            return targets.android_ndk(ndk, feats), []
+        return targets.aarch64_cross_static(feats), [
+            "no Android NDK (set ANDROID_NDK_HOME): the phone gets a static aarch64 Linux build, which runs on "
+            "Android's kernel but misses NDK-only paths (bionic, Android's libc++ and its CPU feature detection)"]
 
     @classmethod
     def from_device(cls, d) -> "ADBTransport":

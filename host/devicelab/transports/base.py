@@ -9,14 +9,14 @@ from __future__ import annotations
 import functools
 import posixpath
 import shlex
-from contextlib import contextmanager
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
 
 from .. import paths
-from ..errors import RetryableError
+from ..errors import DevicelabError, RetryableError
 
 
 @dataclass
@@ -75,6 +75,12 @@ class Transport(ABC):
     """A device the lab can run commands on and move files to and from."""
 
     name: str = "device"
+    # True where the device's payloads run on this host's own CPUs (the lab then measures alone on them)
+    measures_on_host: bool = False
+
+    def default_target(self, device, facts: dict):
+        """The llama.cpp build target for this device from its facts, and warnings for the user."""
+        raise DevicelabError(f"no build target for {self.name} ({facts.get('uname')})")
 
     def __enter__(self):
         self.connect()

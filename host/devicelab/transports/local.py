@@ -13,6 +13,12 @@ from .base import CommandResult, Transport
 
 
 class LocalTransport(Transport):
+    measures_on_host = True
+
+    def default_target(self, device, facts):
+        from ..build import targets
+        return targets.local_native(), []
+
     def __init__(self, name: str = "local", root: str | None = None):
         self.name = name
         self._root = Path(root).expanduser() if root else paths.sub("device-local") / name

@@ -13,8 +13,8 @@ import os
 import posixpath
 import select
 import shutil
-import subprocess
 import socket
+import subprocess
 import tempfile
 import threading
 import time
@@ -96,6 +96,27 @@ class SSHTransport(Transport):
         self._cpu: tuple[int, bool] | None = None
         self._mux: str | None = None      # folder of the OpenSSH control socket, once a big push made one
 
+    def default_target(self, device, facts):
+        """Boards: a static aarch64 cross-build here (or a native build on the board, cross_build: false);
+        an x86 host with every CPU feature of this one reuses this host's build; Macs build Metal natively."""
+        import platform
+
+        from ..build import cache as buildcache
+        from ..build import targets
+        feats = set((facts.get("cpu.features") or "").split())
+        arch, uname = facts.get("arch", ""), facts.get("uname", "")
+        darwin = "Darwin" in uname
+        if not device.cross_build:
+            return targets.native_on_device(arch or "aarch64", "darwin" if darwin else "linux"), []
+        if arch == platform.machine() and "Linux" in uname and set(buildcache.cpu_features()) <= feats:
+            return targets.local_native(), []   # same arch and every CPU feature of this host: its build runs there
+        if darwin:
+            return targets.macos_metal(), []
+        if arch in ("aarch64", "arm64"):
+            return targets.aarch64_cross_static(feats), []
+        raise DevicelabError(f"no build target for {self.name} ({uname}); supported: x86-64 like this host, "
+                             "aarch64 Linux, macOS")
+
     @classmethod
     def from_device(cls, d) -> "SSHTransport":
         if not d.host:
@@ -135,17 +156,24 @@ class SSHTransport(Transport):
             raise DevicelabError(
                 f"HOST KEY CHANGED for {entry} ({self.name}): got {fingerprint(e.key)}, known_hosts has "
                 f"{fingerprint(e.expected_key)}; refusing to connect. If the device was reinstalled, remove the old "
-                f"key (ssh-keygen -f {self.known_hosts} -R '{entry}') and run `devicelab devices trust {self.name}`") from e
+                f"key (ssh-keygen -f {self.known_hosts} -R '{entry}') and run `devicelab devices trust {self.name}`"
+            ) from e
         except paramiko.SSHException as e:
             if "not found in known_hosts" in str(e):
-                raise DevicelabError(f"host key of {entry} ({self.name}) is not in {self.known_hosts}; check it and "
-                                     f"trust it with `devicelab devices trust {self.name}`") from e
+                raise DevicelabError(
+                    f"host key of {entry} ({self.name}) is not in {self.known_hosts}; check it and "
+                    f"trust it with `devicelab devices trust {self.name}`"
+                ) from e
             if isinstance(e, paramiko.AuthenticationException):
-                raise DevicelabError(f"ssh authentication to {self.user}@{entry} failed; set key_file in the lab "
-                                     "file or load the key into ssh-agent") from e
-            if "No authentication methods available" in str(e):   # no key file, none in ~/.ssh, no agent
-                raise DevicelabError(f"ssh authentication to {self.user}@{entry} failed: no key to offer; set key_file "
-                                     "in the lab file or load the key into ssh-agent") from e
+                raise DevicelabError(
+                    f"ssh authentication to {self.user}@{entry} failed; set key_file in the lab "
+                    "file or load the key into ssh-agent"
+                ) from e
+            if "No authentication methods available" in str(e):  # no key file, none in ~/.ssh, no agent
+                raise DevicelabError(
+                    f"ssh authentication to {self.user}@{entry} failed: no key to offer; set key_file "
+                    "in the lab file or load the key into ssh-agent"
+                ) from e
             raise RetryableError(f"ssh to {entry} ({self.name}) failed: {e}") from e
         except (OSError, EOFError, socket.timeout) as e:
             raise RetryableError(f"cannot reach {entry} ({self.name}): {e}; is the device on and sshd running?") from e
@@ -204,7 +232,7 @@ class SSHTransport(Transport):
                 pass
             finally:
                 done.append(1)
-                if len(done) == 2:          # both directions ended
+                if len(done) == 2:  # both directions ended
                     for x in (a, b):
                         try:
                             x.close()
@@ -220,7 +248,7 @@ class SSHTransport(Transport):
                 try:
                     ch = tr.open_channel("direct-tcpip", ("127.0.0.1", remote_port), peer)
                 except (paramiko.SSHException, EOFError, OSError):
-                    conn.close()          # the device refused (nothing listening yet): the client retries
+                    conn.close()  # the device refused (nothing listening yet): the client retries
                     continue
                 done: list = []
                 for a, b in ((conn, ch), (ch, conn)):
@@ -233,15 +261,21 @@ class SSHTransport(Transport):
         finally:
             stop.set()
             try:
-                lsock.shutdown(socket.SHUT_RDWR)    # wakes the accept() (close alone leaves it listening)
+                lsock.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone leaves it listening)
             except OSError:
                 pass
             lsock.close()
             th.join(5)
 
     # ---------------------------------------------------------------- commands
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
-            env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         cmd = shell_command(argv, cwd=cwd, env=env)
         ch = self._session(timeout)
         out, err = bytearray(), bytearray()
@@ -260,7 +294,9 @@ class SSHTransport(Transport):
                 else:
                     if deadline and time.time() > deadline:
                         ch.close()
-                        return CommandResult(list(argv), 124, out.decode(errors="replace"), f"timed out after {timeout}s")
+                        return CommandResult(
+                            list(argv), 124, out.decode(errors="replace"), f"timed out after {timeout}s"
+                        )
                     if not self.client.get_transport().is_active():
                         raise RetryableError(f"lost the ssh connection to {self.name} while running {argv[0]}")
                     select.select([ch], [], [], 0.2)
@@ -308,7 +344,7 @@ class SSHTransport(Transport):
                             out += ch.recv(CHUNK)
                 ch.shutdown_write()
             except OSError:
-                if not ch.exit_status_ready():    # the device script stopped reading (a full disk) and said why
+                if not ch.exit_status_ready():  # the device script stopped reading (a full disk) and said why
                     raise
             while True:
                 b = ch.recv(CHUNK)
@@ -327,11 +363,15 @@ class SSHTransport(Transport):
 
     def _put_result(self, local: Path, rc: int, out: str, err: str) -> str | None:
         if rc == 28:
-            raise DevicelabError(f"push of {Path(local).name} to {self.name} wrote a short file ({err.strip()[:120]}); "
-                                 "free space on the device (its workdir's filesystem) and run again")
+            raise DevicelabError(
+                f"push of {Path(local).name} to {self.name} wrote a short file ({err.strip()[:120]}); "
+                "free space on the device (its workdir's filesystem) and run again"
+            )
         if rc != 0:
-            raise RetryableError(f"push of {Path(local).name} to {self.name} failed (exit {rc}: {err.strip()[:160]}); "
-                                 "is the device's storage full or the link down?")
+            raise RetryableError(
+                f"push of {Path(local).name} to {self.name} failed (exit {rc}: {err.strip()[:160]}); "
+                "is the device's storage full or the link down?"
+            )
         return out.split()[0].lower() if out.strip() else None
 
     def device_cpu(self) -> tuple[int, bool]:
@@ -346,9 +386,26 @@ class SSHTransport(Transport):
         """The system ssh client's command line for this device. With `mux`, the first call leaves a
         master connection (ControlPersist) that later pushes reuse, like paramiko's: each push then
         skips the key exchange and authentication (~0.25 s on this VM's loopback); close() ends it."""
-        a = ["ssh", "-p", str(self.port), "-l", self.user, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
-             "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-             "-o", f"ConnectTimeout={int(self.timeout)}", "-o", "Compression=no", *extra]
+        a = [
+            "ssh",
+            "-p",
+            str(self.port),
+            "-l",
+            self.user,
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"UserKnownHostsFile={self.known_hosts}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            f"ConnectTimeout={int(self.timeout)}",
+            "-o",
+            "Compression=no",
+            *extra,
+        ]
         if mux and not os.environ.get("DEVICELAB_NO_SSH_MUX"):
             a += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self._mux_dir()}/%C", "-o", "ControlPersist=120"]
         if self.ssh_config:
@@ -370,7 +427,7 @@ class SSHTransport(Transport):
     def _put_openssh(self, local: Path, cmd: str, extra: Sequence[str] = ()) -> str | None:
         with open(local, "rb") as fh:
             p = subprocess.run(self.openssh_argv(extra) + [cmd], stdin=fh, capture_output=True, text=True)
-        if p.returncode == 255:           # ssh's own failure (connection, auth), not the device script's
+        if p.returncode == 255:  # ssh's own failure (connection, auth), not the device script's
             why = " ".join(p.stderr.split())[:160] or "the connection closed without a message"
             raise RetryableError(f"push of {Path(local).name} to {self.name} broke off (ssh: {why})")
         return self._put_result(local, p.returncode, p.stdout, p.stderr)

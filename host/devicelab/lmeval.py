@@ -23,8 +23,8 @@ from typing import Iterable
 
 import yaml
 
-from ..errors import DevicelabError
-from ..schema import Row, missing
+from .errors import DevicelabError
+from .schema import Row, missing
 
 GENERATE = {"generate_until"}
 LOGLIKELIHOOD = {"multiple_choice", "loglikelihood"}
@@ -251,15 +251,23 @@ def host_lm(model_path: Path, n_ctx: int, threads: int):
     try:
         import llama_cpp
     except ImportError:
-        raise DevicelabError("route host-loglikelihood needs llama-cpp-python: pip install 'devicelab[evals]'") from None
+        raise DevicelabError("route host-loglikelihood needs llama-cpp-python: "
+                             "pip install 'devicelab[evals]'") from None
     import numpy as np
     from lm_eval.api.model import LM
 
     class LlamaCppLM(LM):
         def __init__(self):
             super().__init__()
-            self.llm = llama_cpp.Llama(model_path=str(model_path), n_ctx=n_ctx, n_batch=min(512, n_ctx),
-                                       n_threads=threads, logits_all=True, verbose=False, seed=1234)
+            self.llm = llama_cpp.Llama(
+                model_path=str(model_path),
+                n_ctx=n_ctx,
+                n_batch=min(512, n_ctx),
+                n_threads=threads,
+                logits_all=True,
+                verbose=False,
+                seed=1234,
+            )
             self.n_ctx = n_ctx
             self.bos = self.llm.token_bos()
 
@@ -268,25 +276,25 @@ def host_lm(model_path: Path, n_ctx: int, threads: int):
 
         def _score(self, context: str, cont: str) -> tuple[float, bool]:
             n_sp = len(context) - len(context.rstrip())
-            if n_sp:                 # lm-eval's convention: trailing space belongs to the continuation
+            if n_sp:  # lm-eval's convention: trailing space belongs to the continuation
                 cont, context = context[-n_sp:] + cont, context[:-n_sp]
             ctx_t = self._tok(context, True) if context else []
             whole = self._tok(context + cont, True)
-            if ctx_t and whole[:len(ctx_t)] == ctx_t:
-                cont_t = whole[len(ctx_t):]
+            if ctx_t and whole[: len(ctx_t)] == ctx_t:
+                cont_t = whole[len(ctx_t) :]
             else:
                 cont_t = self._tok(cont, False)
                 whole = ctx_t + cont_t
             if not cont_t:
                 return 0.0, True
             if len(whole) == len(cont_t):
-                whole = [self.bos] + whole        # something to predict the first token from
-            whole = whole[-self.n_ctx:]
+                whole = [self.bos] + whole  # something to predict the first token from
+            whole = whole[-self.n_ctx :]
             n = min(len(cont_t), len(whole) - 1)
             cont_t = cont_t[-n:]
             self.llm.reset()
             self.llm.eval(whole)
-            logits = np.asarray(self.llm.scores[len(whole) - n - 1:len(whole) - 1], dtype=np.float64)
+            logits = np.asarray(self.llm.scores[len(whole) - n - 1 : len(whole) - 1], dtype=np.float64)
             mx = logits.max(axis=1, keepdims=True)
             lse = (mx + np.log(np.exp(logits - mx).sum(axis=1, keepdims=True)))[:, 0]
             idx = np.asarray(cont_t)
@@ -303,8 +311,10 @@ def host_lm(model_path: Path, n_ctx: int, threads: int):
             raise DevicelabError(route_problem("host-loglikelihood", "(generation)", "generate_until"))
 
     lm = LlamaCppLM()
-    lm.provenance = {"eval_engine": f"llama-cpp-python {llama_cpp.__version__}",
-                     "eval_engine_system_info": _system_info()}
+    lm.provenance = {
+        "eval_engine": f"llama-cpp-python {llama_cpp.__version__}",
+        "eval_engine_system_info": _system_info(),
+    }
     return lm
 
 
@@ -312,6 +322,7 @@ def _system_info() -> str | None:
     """llama.cpp's system info line of llama-cpp-python's own build (its CPU features)."""
     try:
         import llama_cpp
+
         info = llama_cpp.llama_print_system_info().decode(errors="replace")
         return info.strip()[:200] or None
     except Exception:  # noqa: BLE001 - purely informational
@@ -321,6 +332,7 @@ def _system_info() -> str | None:
 def versions() -> dict[str, str | None]:
     """lm-eval's and llama-cpp-python's versions (part of a cached host eval's key and provenance)."""
     from importlib import metadata
+
     out: dict[str, str | None] = {}
     for dist, key in (("lm-eval", "lm_eval"), ("llama-cpp-python", "llama_cpp_python")):
         try:

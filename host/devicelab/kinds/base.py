@@ -1,0 +1,153 @@
+"""The payload-kind contract and its registry.
+
+A kind is one unit: its recipe spec (a pydantic model with `kind: Literal[...]`), the llama.cpp tools it
+needs on the device, where it runs (on the device, served on the device and driven from the host, or on the
+host), its command lines, and a *pure* parser from a cell's pulled artifacts to rows. The runner, the plan,
+the report and the recommendation name no kind: they ask the registry (lm-evaluation-harness's Task and
+its registry are the model: requests built, run elsewhere, results processed)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import DevicelabError
+from ..schema import Row
+
+if TYPE_CHECKING:                                   # pragma: no cover
+    from pathlib import Path
+
+    from ..telemetry.normalize import Phase
+
+DEVICE, SERVED, HOST = "device", "served", "host"
+
+
+class Spec(BaseModel):
+    """Base of every kind's recipe spec: unknown keys are refused."""
+    model_config = ConfigDict(extra="forbid")
+
+
+class SkipCell(Exception):
+    """This device cannot run this cell (a reason, not an error): recorded as skipped."""
+
+
+@dataclass
+class RunOutput:
+    """One payload run's pulled artifacts, as text: stdout lines prefixed with their arrival time on the
+    device clock (run_payload.sh), stderr, and the run's [start, end] on that clock."""
+    stdout: str = ""
+    stderr: str = ""
+    window: tuple[float, float] | None = None
+
+
+@dataclass
+class Artifacts:
+    """Everything a parser may read: plain data, no files, no device."""
+    params: dict
+    runs: dict[str, RunOutput] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)     # JSON documents the cell stored (served.json, host.json)
+    facts: dict = field(default_factory=dict)
+
+    @property
+    def main(self) -> RunOutput:
+        return self.runs.get("main", RunOutput())
+
+
+@dataclass
+class Parsed:
+    rows: list[Row]
+    phases: list[Phase] = field(default_factory=list)
+    context: dict = field(default_factory=dict)            # row columns only the output can tell
+
+
+@dataclass
+class Prepared:
+    """What a device cell runs: named command lines ('main' first), their environment, the conditions
+    it asks for (CPU quota in cores, busy co-runners) and provenance resolved while preparing."""
+    runs: list[tuple[str, list[str]]]
+    env: dict[str, str] = field(default_factory=dict)
+    quota: float | None = None
+    contention: int = 0
+    provenance: dict = field(default_factory=dict)
+
+
+class Kind:
+    """Override what differs; the defaults describe a per-model payload that runs on the device."""
+    name: ClassVar[str]
+    spec: ClassVar[type[Spec]]
+    per_model: ClassVar[bool] = True          # False: once per device (a property of the device, not a model)
+
+    def where(self, params: dict) -> str:
+        return DEVICE
+
+    def tools(self, params: dict) -> tuple[str, ...]:
+        """llama.cpp tools the device's build must hold for this cell."""
+        return ()
+
+    def variants(self, spec: Spec) -> list[dict]:
+        """The cells' params for one recipe payload (one per point of its sweep)."""
+        return [spec.model_dump(exclude={"kind"})]
+
+    def label(self, params: dict) -> str:
+        return ""
+
+    def check(self, spec: Spec, recipe_dir: Path) -> None:
+        """Checks that need the file system, when the recipe loads (raise DevicelabError)."""
+
+    def provenance(self, params: dict) -> dict:
+        """Row columns that the cell's params give."""
+        return {}
+
+    def prepare(self, cx, cell) -> Prepared:   # device and served kinds
+        raise NotImplementedError
+
+    def drive(self, cx, cell, url: str) -> dict:   # served kinds: the host side, against the forwarded port
+        raise NotImplementedError
+
+    def on_host(self, cx, cell) -> dict:           # host kinds: the whole cell, on the host
+        raise NotImplementedError
+
+    def parse(self, a: Artifacts) -> Parsed:
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, Kind] = {}
+
+
+def register(cls: type[Kind]) -> type[Kind]:
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def get(name: str) -> Kind:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise DevicelabError(f"unknown payload kind {name!r}; available: {', '.join(sorted(REGISTRY))}") from None
+
+
+def digest(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, default=str).encode()).hexdigest()[:16]
+
+
+def timed_lines(stdout_tsv: str) -> list[tuple[float | None, str]]:
+    """run_payload.sh's stdout.tsv ('time<TAB>line') or plain text, as (time, line)."""
+    out = []
+    for line in stdout_tsv.splitlines():
+        t, sep, payload = line.partition("\t")
+        if not sep:
+            out.append((None, line))
+            continue
+        try:
+            out.append((float(t), payload))
+        except ValueError:
+            out.append((None, line))
+    return out
+
+
+def plain(stdout_tsv: str) -> str:
+    return "\n".join(line for _, line in timed_lines(stdout_tsv))

@@ -1,0 +1,247 @@
+"""llama-bench: prompt/generation/depth sweeps at thread counts, CPU masks, CPU quotas and contention.
+Rows: prefill/decode/pg t/s with every repetition; each llama-bench test is an energy phase."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+
+from .. import facts as factsmod
+from ..errors import DevicelabError
+from ..schema import Row
+from ..telemetry.normalize import Phase
+from .base import Artifacts, Kind, Parsed, Prepared, SkipCell, Spec, register, timed_lines
+
+AXES = ("threads", "cpu_mask", "quota", "contention")
+
+
+class BenchSpec(Spec):
+    kind: Literal["bench"]
+    prompt: list[Annotated[int, Field(ge=0)]] = [64]
+    gen: list[Annotated[int, Field(ge=0)]] = [32]
+    pg: list[tuple[int, int]] = []
+    depth: list[Annotated[int, Field(ge=0)]] = [0]
+    threads: list[int | str] = [1]              # counts, or auto: one thread per CPU of the mask
+    # llama-bench -C affinity, one cell each: a hex mask, or big.LITTLE-aware names resolved per device
+    # from its cpufreq clusters: prime (fastest cluster), big (all but the slowest), little, all
+    cpu_masks: list[str | None] = [None]
+    quota: list[Annotated[float, Field(gt=0)] | None] = [None]   # CPU quota in cores (0.5 = half a core), cgroup
+    contention: list[Annotated[int, Field(ge=0)]] = [0]          # busy-looping co-runners
+    repetitions: int = Field(default=3, ge=1)
+    warmup: bool = True
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+
+    @field_validator("threads")
+    @classmethod
+    def _threads(cls, v: list[int | str]) -> list[int | str]:
+        for t in v:
+            if t != "auto" and (not isinstance(t, int) or isinstance(t, bool) or t < 1):
+                raise ValueError(f"thread count {t!r}: give an integer ≥ 1 or auto")
+        return v
+
+    @field_validator("cpu_masks")
+    @classmethod
+    def _masks(cls, v: list[str | None]) -> list[str | None]:
+        for m in v:
+            if m is not None and m not in factsmod.MASK_NAMES and not re.fullmatch(r"0x[0-9a-fA-F]+", m):
+                raise ValueError(f"cpu mask {m!r}: give a hex mask (0xf0) or prime | big | little | all")
+        return v
+
+
+@dataclass(frozen=True)
+class BenchParams:
+    prompt: tuple[int, ...] = (64,)
+    gen: tuple[int, ...] = (32,)
+    pg: tuple[tuple[int, int], ...] = ()
+    depth: tuple[int, ...] = (0,)
+    threads: int = 1
+    repetitions: int = 3
+    cpu_mask: str | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    warmup: bool = True
+
+
+def argv(bench_bin: str, model: str, p: BenchParams) -> list[str]:
+    a = [bench_bin, "-m", model, "-o", "jsonl", "-r", str(p.repetitions), "-t", str(p.threads)]
+    a += ["-p", ",".join(map(str, p.prompt)) if p.prompt else "0"]
+    a += ["-n", ",".join(map(str, p.gen)) if p.gen else "0"]
+    if p.pg:
+        a += ["-pg", ",".join(f"{x},{y}" for x, y in p.pg)]
+    if any(p.depth):
+        a += ["-d", ",".join(map(str, p.depth))]
+    if p.cpu_mask:
+        a += ["-C", p.cpu_mask]
+    if p.cache_type_k:
+        a += ["-ctk", p.cache_type_k]
+    if p.cache_type_v:
+        a += ["-ctv", p.cache_type_v]
+    if not p.warmup:
+        a.append("--no-warmup")
+    return a
+
+
+@dataclass
+class BenchTest:
+    record: dict
+    t_end: float | None      # arrival of its JSONL line on the device clock (s)
+
+    @property
+    def kind(self) -> str:
+        r = self.record
+        if r["n_prompt"] and r["n_gen"]:
+            return "pg"
+        return "prefill" if r["n_prompt"] else "decode"
+
+    @property
+    def name(self) -> str:
+        r = self.record
+        base = {"pg": f"pp{r['n_prompt']}+tg{r['n_gen']}", "prefill": f"pp{r['n_prompt']}",
+                "decode": f"tg{r['n_gen']}"}[self.kind]
+        return base + (f"@d{r['n_depth']}" if r.get("n_depth") else "")
+
+    @property
+    def tokens(self) -> int:
+        r = self.record
+        return int(r["n_prompt"]) + int(r["n_gen"])
+
+    def window(self) -> tuple[float, float] | None:
+        """[start, end] of the timed repetitions on the device clock."""
+        if self.t_end is None:
+            return None
+        dur = sum(self.record.get("samples_ns") or []) / 1e9
+        return (self.t_end - dur, self.t_end)
+
+
+def parse(stdout_tsv: str) -> list[BenchTest]:
+    """Parse run_payload.sh's stdout.tsv (time<TAB>line) or plain JSONL."""
+    tests = []
+    for te, payload in timed_lines(stdout_tsv):
+        payload = payload.strip()
+        if not payload.startswith("{"):
+            continue
+        try:
+            rec = json.loads(payload)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(rec, dict) or "avg_ts" not in rec:
+            continue
+        tests.append(BenchTest(rec, te))
+    return tests
+
+
+METRIC_FOR_KIND = {"prefill": "prefill_tps", "decode": "decode_tps", "pg": "pg_tps"}
+
+
+def rows(tests: list[BenchTest]) -> list[Row]:
+    out = []
+    if not tests:
+        raise DevicelabError("llama-bench printed no result line; see the cell's stderr.txt")
+    for bt in tests:
+        r = bt.record
+        try:
+            samples = [float(x) for x in r.get("samples_ts") or []]
+            sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
+            common = dict(test=bt.name, phase=bt.kind, threads=int(r["n_threads"]), n_prompt=int(r["n_prompt"]),
+                          n_gen=int(r["n_gen"]), n_depth=int(r.get("n_depth") or 0), n=len(samples))
+            out.append(Row(metric=METRIC_FOR_KIND[bt.kind], value=float(r["avg_ts"]), stddev=sd, samples=samples,
+                           **common))
+            ns = r.get("samples_ns") or []
+            out.append(Row(metric="test_seconds", value=sum(ns) / 1e9, samples=[x / 1e9 for x in ns], **common))
+        except (KeyError, TypeError, ValueError) as e:
+            raise DevicelabError(f"llama-bench printed a result line devicelab cannot read ({type(e).__name__}: "
+                                 f"{e}); see the cell's stdout.tsv") from None
+    return out
+
+
+def affinity(P: dict, facts: dict, device: str) -> tuple[str | None, int, dict]:
+    """llama-bench's -C mask and -t count for a bench cell: named masks (prime/big/little/all) are
+    resolved from the device's cpufreq clusters; threads 'auto' = one per CPU of the mask."""
+    name = P.get("cpu_mask")
+    cpus = None
+    mask = name
+    prov: dict = {}
+    if name in factsmod.MASK_NAMES:
+        cpus = factsmod.named_cpus(name, facts)
+        if cpus is None:
+            raise SkipCell(f"{device} has no big.LITTLE clusters to pick '{name}' from (its cpufreq max "
+                           "frequencies are all equal or unreadable)")
+        mask = factsmod.mask_hex(cpus)
+        prov["cpu_mask"] = f"{name}={mask}"
+    elif name:
+        cpus = [i for i in range(int(name, 16).bit_length()) if int(name, 16) >> i & 1]
+    threads = P["threads"]
+    if threads == "auto":
+        threads = len(cpus) if cpus else (facts.get("cpu_count") or 1)
+    return mask, int(threads), prov
+
+
+@register
+class Bench(Kind):
+    name = "bench"
+    spec = BenchSpec
+
+    def tools(self, params):
+        return ("llama-bench",)
+
+    def variants(self, spec):
+        base = spec.model_dump(exclude={"threads", "kind", "cpu_masks", "quota", "contention"})
+        out = []
+        for t, m, q, c in itertools.product(spec.threads, spec.cpu_masks, spec.quota, spec.contention):
+            params = {**base, "threads": t, "cpu_mask": m, "quota": q, "contention": c}
+            if m is None and q is None and c == 0:      # the plain cell keeps the id it always had
+                params = {k: x for k, x in params.items() if k not in ("cpu_mask", "quota", "contention")}
+            out.append(params)
+        return out
+
+    def label(self, p):
+        return f"t={p['threads']}" + (f" mask={p['cpu_mask']}" if p.get("cpu_mask") else "") + \
+            (f" quota={p['quota']}" if p.get("quota") else "") + \
+            (f" load={p['contention']}" if p.get("contention") else "")
+
+    def provenance(self, p):
+        return {"cpu_mask": p.get("cpu_mask"), "cpu_quota": p.get("quota"), "contention": p.get("contention")}
+
+    def prepare(self, cx, cell):
+        P = cell.params
+        mask, threads, prov = affinity(P, cx.facts, cx.device)
+        bp = BenchParams(
+            prompt=tuple(P["prompt"]),
+            gen=tuple(P["gen"]),
+            pg=tuple(tuple(x) for x in P["pg"]),
+            depth=tuple(P["depth"]),
+            threads=threads,
+            repetitions=P["repetitions"],
+            warmup=P["warmup"],
+            cpu_mask=mask,
+            cache_type_k=P.get("cache_type_k"),
+            cache_type_v=P.get("cache_type_v"),
+        )
+        return Prepared(
+            [("main", argv(cx.tool("llama-bench"), cx.model(), bp))],
+            quota=P.get("quota"),
+            contention=int(P.get("contention") or 0),
+            provenance=prov,
+        )
+
+    def parse(self, a: Artifacts) -> Parsed:
+        tests = parse(a.main.stdout)
+        out = rows(tests)
+        phases = []
+        for bt in tests:
+            w = bt.window()
+            if w:
+                n = len(bt.record.get("samples_ns") or [])
+                phases.append(Phase(bt.name, bt.kind, w[0], w[1], bt.tokens * n, n))
+        win = a.main.window
+        if phases and win and min(p.start for p in phases) > win[0]:
+            # from the payload's start to its first timed test: model load (+ warmup)
+            phases.insert(0, Phase("load", "load", win[0], min(p.start for p in phases)))
+        return Parsed(out, phases)

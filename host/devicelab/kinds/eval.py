@@ -1,0 +1,230 @@
+"""Task evals, three routes, each recorded in its rows' `eval_route`:
+- 'device-mc': llama-perplexity --hellaswag/--winogrande/--multiple-choice on the device with a data
+  file in llama.cpp's format (`task`, `data`, `tasks`);
+- 'server-generate': lm-eval generation tasks against llama-server on the device through a forwarded
+  port, `slots` parallel slots (`include`, `lm_tasks`, `limit`, `chat`);
+- 'host-loglikelihood': lm-eval log-likelihood tasks in-process on the host through llama-cpp-python
+  on the same GGUF file (`include`, `lm_tasks`, `limit`).
+Multiple-choice scored through llama-server is refused when the recipe loads: its completions return no
+prompt logprobs, so lm-eval would score those tasks at chance."""
+
+from __future__ import annotations
+
+import random
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ..errors import DevicelabError
+from ..schema import Row, missing
+from ..telemetry.normalize import Phase
+from .base import DEVICE, HOST, SERVED, Artifacts, Kind, Parsed, Prepared, Spec, plain, register
+
+ROUTES = {"device-mc": DEVICE, "server-generate": SERVED, "host-loglikelihood": HOST}
+FLAGS = {"hellaswag": ("--hellaswag", "--hellaswag-tasks"), "winogrande": ("--winogrande", "--winogrande-tasks"),
+         "multiple-choice": ("--multiple-choice", "--multiple-choice-tasks")}
+
+
+class EvalSpec(Spec):
+    kind: Literal["eval"]
+    route: Literal["device-mc", "server-generate", "host-loglikelihood"] = "device-mc"
+    task: Literal["hellaswag", "winogrande", "multiple-choice"] = "hellaswag"
+    data: str | None = None
+    tasks: int = Field(default=0, ge=0)           # 0 = all
+    ctx: int = Field(default=512, ge=64)
+    threads: int | None = Field(default=None, ge=1)
+    include: str | None = None                    # folder of lm-eval task YAMLs (relative to the recipe)
+    lm_tasks: list[str] = []
+    limit: int | None = Field(default=None, ge=1)  # lm-eval --limit: first N documents per task
+    slots: int = Field(default=1, ge=1, le=64)     # llama-server --parallel = lm-eval num_concurrent
+    chat: bool = False                             # local-chat-completions (the model's chat template)
+
+    @model_validator(mode="after")
+    def _route_fields(self) -> "EvalSpec":
+        if self.route == "device-mc":
+            if not self.data:
+                raise ValueError("route device-mc needs `data:` (a task file in llama.cpp's format)")
+            if self.lm_tasks or self.include:
+                raise ValueError("`lm_tasks`/`include` are for the lm-eval routes (server-generate, "
+                                 "host-loglikelihood); route device-mc takes `task` and `data`")
+        else:
+            if not self.lm_tasks:
+                raise ValueError(f"route {self.route} needs `lm_tasks:` (lm-eval task names)")
+            if self.data:
+                raise ValueError(f"`data` is for route device-mc; route {self.route} reads lm-eval task YAMLs "
+                                 "from `include:`")
+            if self.route == "host-loglikelihood" and (self.slots != 1 or self.chat):
+                raise ValueError("`slots` and `chat` are llama-server settings (route server-generate)")
+        return self
+
+    def cell_params(self) -> dict:
+        """What identifies a cell of this payload (only its route's fields: adding a field to another
+        route never changes the cell ids of a recorded run)."""
+        if self.route == "device-mc":
+            keep = ("route", "task", "data", "tasks", "ctx", "threads")
+        elif self.route == "server-generate":
+            keep = ("route", "include", "lm_tasks", "limit", "ctx", "threads", "slots", "chat")
+        else:
+            keep = ("route", "include", "lm_tasks", "limit", "ctx", "threads")
+        return {k: getattr(self, k) for k in keep}
+
+
+def resolve_include(spec: str, recipe_dir: Path) -> Path:
+    """An lm-eval task folder named in a recipe: relative paths are relative to the recipe's folder."""
+    p = Path(spec).expanduser()
+    return p if p.is_absolute() else Path(recipe_dir) / p
+
+
+def device_mc_argv(tool: str, model: str, data: str, P: dict, threads: int) -> list[str]:
+    flag, count = FLAGS[P["task"]]
+    a = [tool, "-m", model, "-f", data, flag, "-c", str(P["ctx"]), "-t", str(threads), "-b", str(max(512, P["ctx"]))]
+    if P.get("tasks"):
+        a += [count, str(P["tasks"])]
+    return a
+
+
+_HS = re.compile(r"^(\d+)\t([\d.]+)%\t\[", re.M)
+_WG = re.compile(r"Final Winogrande score\((\d+) tasks\): ([\d.]+) \+/- ([\d.]+)")
+_MC = re.compile(r"Final result: ([\d.]+) \+/- ([\d.]+)")
+
+
+def parse_device_mc(text: str, P: dict) -> list[Row]:
+    kw = dict(test=f"{P['task']}:{Path(P['data']).name}", phase="eval", ctx=P["ctx"])
+    if P["task"] == "hellaswag":
+        m = _HS.findall(text)
+        if not m:
+            return [missing("accuracy", "llama-perplexity printed no hellaswag score", **kw)]
+        n, acc = m[-1]
+        return [Row(metric="accuracy", value=float(acc) / 100, n=int(n), **kw)]
+    rx = _WG if P["task"] == "winogrande" else _MC
+    m = rx.search(text)
+    if not m:
+        return [missing("accuracy", f"llama-perplexity printed no {P['task']} score", **kw)]
+    if P["task"] == "winogrande":
+        return [Row(metric="accuracy", value=float(m.group(2)) / 100, stddev=float(m.group(3)) / 100,
+                    n=int(m.group(1)), **kw)]
+    return [Row(metric="accuracy", value=float(m.group(1)) / 100, stddev=float(m.group(2)) / 100, **kw)]
+
+
+def prometheus(url: str) -> dict[str, float]:
+    """llama-server's /metrics counters (llamacpp:NAME VALUE), by NAME."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            text = r.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError):
+        return out
+    for line in text.splitlines():
+        if line.startswith("llamacpp:"):
+            name, _, v = line[len("llamacpp:"):].partition(" ")
+            try:
+                out[name] = float(v.split()[0])
+            except (ValueError, IndexError):
+                pass
+    return out
+
+
+def keep(res: dict) -> dict:
+    """The part of lm-eval's results dict that rows are made from (JSON-safe, stored with the cell)."""
+    return {k: res.get(k) for k in ("results", "configs", "n-samples", "versions")}
+
+
+@register
+class Eval(Kind):
+    name = "eval"
+    spec = EvalSpec
+
+    def where(self, params):
+        return ROUTES[params["route"]]
+
+    def tools(self, params):
+        return {"device-mc": ("llama-perplexity",), "server-generate": ("llama-server",)}.get(params["route"], ())
+
+    def variants(self, spec):
+        return [spec.cell_params()]
+
+    def label(self, p):
+        return p["route"]
+
+    def provenance(self, p):
+        engine = {"device-mc": "llama-perplexity", "server-generate": "llama-server + lm-eval"}.get(p["route"])
+        return {"eval_route": p["route"], "eval_engine": engine}
+
+    def check(self, spec, recipe_dir):
+        """Refuse, before anything runs, a missing data file or an lm-eval task on a route that cannot
+        score it honestly."""
+        from .. import lmeval
+        if spec.route == "device-mc":
+            from ..runner.host import resolve_text
+            if not spec.data.startswith("llama.cpp:"):
+                resolve_text(spec.data, None, recipe_dir, what="eval data")
+            return
+        types: dict = {}
+        if spec.include:
+            inc = resolve_include(spec.include, recipe_dir)
+            if not inc.is_dir():
+                raise DevicelabError(f"include: {inc} is not a folder; give the folder of the lm-eval task YAMLs, "
+                                     "relative to the recipe")
+            types = lmeval.declared_output_types(inc)
+        if any(t not in types for t in spec.lm_tasks):     # lm-eval's own tasks (hellaswag, gsm8k, …)
+            types.update(lmeval.builtin_output_types(t for t in spec.lm_tasks if t not in types))
+        lmeval.check_tasks(spec.route, spec.lm_tasks, types)
+
+    def prepare(self, cx, cell):
+        P = cell.params
+        threads = P.get("threads") or cx.facts.get("cpu_count") or 1
+        if P["route"] == "device-mc":
+            data = cx.host.resolve_text(P["data"], what="eval data")
+            return Prepared([("main", device_mc_argv(cx.tool("llama-perplexity"), cx.model(), cx.push(data), P,
+                                                     threads))])
+        slots = P["slots"]
+        port = random.randint(20000, 45000)          # on the device's loopback only
+        return Prepared([("main", [cx.tool("llama-server"), "-m", cx.model(), "-c", str(P["ctx"] * slots),
+                                   "-np", str(slots), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
+                                   "--metrics", "--no-webui"])])
+
+    def drive(self, cx, cell, url):
+        from .. import lmeval
+        P = cell.params
+        client = lmeval.server_client(url, P["chat"], P["slots"], cell.model)
+        res = lmeval.evaluate("server-generate", client, P["lm_tasks"], cx.host.include(P), P.get("limit"))
+        return {"result": keep(res), "counters": prometheus(url + "/metrics")}
+
+    def on_host(self, cx, cell):
+        return cx.host.host_eval(cell.model, cell.quant, cell.params)
+
+    def parse(self, a: Artifacts) -> Parsed:
+        from .. import lmeval
+        P = a.params
+        route = P["route"]
+        if route == "device-mc":
+            return Parsed(parse_device_mc(plain(a.main.stdout) + "\n" + a.main.stderr, P))
+        if route == "host-loglikelihood":
+            res = a.data["host"]
+            prov = res["provenance"]
+            rows = lmeval.rows(res, route)
+            rows.append(Row(metric="wall_seconds", value=prov["seconds"], phase="cell", test="lm-eval on the host"))
+            ctx = {"target": "host (llama-cpp-python)", "build_commit": prov["eval_engine"],
+                   "build_flags": {"system_info": prov.get("eval_engine_system_info")}, "build_key": None,
+                   "eval_engine": f"{prov['eval_engine']} + lm-eval {prov.get('lm_eval')}"}
+            return Parsed(rows, context=ctx)
+        served = a.data["served"]
+        rows = lmeval.rows(served["result"], route)
+        counters, marks = served.get("counters") or {}, served.get("marks") or {}
+        gen, prompt = counters.get("tokens_predicted_total"), counters.get("prompt_tokens_total")
+        for metric, v in (("tokens_generated", gen), ("tokens_prompt", prompt)):
+            if v is not None:
+                rows.append(Row(metric=metric, value=v, phase="eval", n_parallel=P["slots"]))
+        phases = []
+        ready, done, win = marks.get("ready"), marks.get("done"), a.main.window
+        if win and ready is not None and done is not None and done > ready:
+            phases.append(Phase("load", "load", win[0], ready))
+            phases.append(Phase("lm-eval", "eval", ready, done, int(gen or 0)))
+            if gen:
+                rows.append(Row(metric="eval_gen_tps", value=gen / (done - ready), phase="eval",
+                                n_parallel=P["slots"], test="generated tokens / lm-eval wall time"))
+        return Parsed(rows, phases)

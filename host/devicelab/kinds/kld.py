@@ -1,0 +1,147 @@
+"""llama-perplexity KL divergence of a quant against the base's logits, made once on the host; with
+`host_check`, also against the host's logits of the same file (a backend bug or a silent fallback on the
+device shows up as device-vs-host KLD > 0)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from ..errors import DevicelabError
+from ..schema import Row, missing
+from .base import Artifacts, Kind, Parsed, Prepared, Spec, register
+
+DEFAULT_TEXT = "llama.cpp:docs/build.md"   # ships with the pinned llama.cpp source: on every machine
+
+
+class KLDSpec(Spec):
+    kind: Literal["kld"]
+    text: str = DEFAULT_TEXT
+    ctx: int = Field(default=128, ge=16)
+    chunks: int = Field(default=8, ge=1)
+    threads: int | None = Field(default=None, ge=1)
+    host_check: bool | None = None    # also compare the device's logits with the host's for the same file
+                                      # (default: on for every device that does not measure on this host's CPUs)
+
+    @model_validator(mode="after")
+    def _enough_tokens(self) -> "KLDSpec":
+        scored = (self.ctx - self.ctx // 2 - 1) * self.chunks    # llama-perplexity scores each chunk's 2nd half
+        if scored < 100:
+            raise ValueError(f"ctx {self.ctx} × chunks {self.chunks} scores {scored} tokens; llama-perplexity "
+                             "prints KL-divergence statistics only over ≥ 100 (e.g. ctx: 128, chunks: 2)")
+        return self
+
+
+@dataclass(frozen=True)
+class KLDParams:
+    ctx: int = 128
+    chunks: int = 8
+    threads: int = 2
+    batch: int | None = None
+
+
+def base_argv(bin_: str, base_model: str, text: str, logits_out: str, p: KLDParams) -> list[str]:
+    a = [bin_, "-m", base_model, "-f", text, "-c", str(p.ctx), "--chunks", str(p.chunks), "-t", str(p.threads),
+         "--kl-divergence-base", logits_out]
+    if p.batch:
+        a += ["-b", str(p.batch)]
+    return a
+
+
+def kld_argv(bin_: str, model: str, logits: str, p: KLDParams) -> list[str]:
+    a = [bin_, "-m", model, "-c", str(p.ctx), "--chunks", str(p.chunks), "-t", str(p.threads),
+         "--kl-divergence-base", logits, "--kl-divergence"]
+    if p.batch:
+        a += ["-b", str(p.batch)]
+    return a
+
+
+_NUM = r"([-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf))"
+PATTERNS = {
+    "ppl": rf"Mean PPL\(Q\)\s*:\s*{_NUM}\s*±\s*{_NUM}",
+    "ppl_base": rf"Mean PPL\(base\)\s*:\s*{_NUM}\s*±\s*{_NUM}",
+    "ln_ppl_ratio": rf"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*{_NUM}\s*±\s*{_NUM}",
+    "ppl_ratio": rf"Mean PPL\(Q\)/PPL\(base\)\s*:\s*{_NUM}\s*±\s*{_NUM}",
+    "kld_mean": rf"Mean\s+KLD:\s*{_NUM}\s*±\s*{_NUM}",
+    "kld_max": rf"Maximum KLD:\s*{_NUM}",
+    "kld_p99": rf"99\.0%\s+KLD:\s*{_NUM}",
+    "kld_p90": rf"90\.0%\s+KLD:\s*{_NUM}",
+    "kld_median": rf"Median\s+KLD:\s*{_NUM}",
+    "rms_dp": rf"RMS Δp\s*:\s*{_NUM}\s*±\s*{_NUM}\s*%",
+    "same_top_p": rf"Same top p:\s*{_NUM}\s*±\s*{_NUM}\s*%",
+}
+PERCENT = {"rms_dp", "same_top_p"}
+FINAL = re.compile(rf"Final estimate: PPL = {_NUM} \+/- {_NUM}")
+
+
+def parse_kld(text: str, p: KLDParams) -> list[Row]:
+    if "KL divergence statistics" not in text and "Mean    KLD" not in text:
+        tail = "\n".join(text.strip().splitlines()[-3:])
+        raise DevicelabError(f"llama-perplexity printed no KL divergence statistics ({tail[:200]})")
+    out = []
+    for metric, pat in PATTERNS.items():
+        m = re.search(pat, text)
+        common = dict(test=f"kld@c{p.ctx}x{p.chunks}", phase="perplexity", ctx=p.ctx, n=p.chunks, threads=p.threads)
+        if not m:
+            out.append(missing(metric, "not printed by llama-perplexity", **common))
+            continue
+        v = float(m.group(1))
+        sd = float(m.group(2)) if m.lastindex and m.lastindex >= 2 else None
+        if sd is not None and sd != sd:   # llama-perplexity prints '-nan' for the spread of identical logits
+            sd = None
+        if metric in PERCENT:
+            v, sd = v / 100, (sd / 100 if sd is not None else None)
+        out.append(Row(metric=metric, value=v, stddev=sd, **common))
+    return out
+
+
+def parse_base_ppl(text: str) -> float | None:
+    m = FINAL.search(text)
+    return float(m.group(1)) if m else None
+
+
+def _params(P: dict, facts: dict) -> KLDParams:
+    return KLDParams(ctx=P["ctx"], chunks=P["chunks"], threads=P.get("threads") or facts.get("cpu_count") or 1)
+
+
+@register
+class KLD(Kind):
+    name = "kld"
+    spec = KLDSpec
+
+    def tools(self, params):
+        return ("llama-perplexity",)
+
+    def check(self, spec, recipe_dir):
+        if not spec.text.startswith("llama.cpp:"):
+            from ..runner.host import resolve_text
+            resolve_text(spec.text, None, recipe_dir)
+
+    def prepare(self, cx, cell):
+        P = cell.params
+        tool = cx.tool("llama-perplexity")
+        model = cx.model()
+        logits = cx.host.kld_base(cell.model, P)
+        kp = _params(P, cx.facts)
+        runs = [("main", kld_argv(tool, model, cx.push(logits), kp))]
+        check = P.get("host_check")
+        if check is None:
+            check = not cx.same_build_as_host
+        if check:
+            runs.append(("check", kld_argv(tool, model, cx.push(cx.host.host_quant_logits(cell.model, cell.quant, P)),
+                                           kp)))
+        return Prepared(runs)
+
+    def parse(self, a: Artifacts) -> Parsed:
+        kp = _params(a.params, a.facts)
+        out = parse_kld(a.main.stdout + "\n" + a.main.stderr, kp)
+        if "check" in a.runs:
+            chk = {r.metric: r for r in parse_kld(a.runs["check"].stdout + "\n" + a.runs["check"].stderr, kp)}
+            for src, dst in (("kld_mean", "devhost_kld_mean"), ("same_top_p", "devhost_same_top_p")):
+                r = chk[src]
+                out.append(Row(metric=dst, value=r.value, stddev=r.stddev, test=r.test, phase="host-check",
+                               ctx=r.ctx, n=r.n, missing_reason=r.missing_reason))
+        return Parsed(out)

@@ -1,0 +1,50 @@
+"""Roofline payload: streaming-read bandwidth and an FMA compute peak (device_payloads/membw.c, built per
+target). A property of the device: one cell per device, not per model."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import Field
+
+from ..errors import DevicelabError
+from ..schema import Row
+from .base import Artifacts, Kind, Parsed, Prepared, Spec, register, timed_lines
+
+
+class MembwSpec(Spec):
+    kind: Literal["membw"]
+    mib: int = Field(default=512, ge=16)
+    threads: int | None = Field(default=None, ge=1)
+    repetitions: int = Field(default=5, ge=1)
+
+
+def membw_rows(stdout: str) -> list[Row]:
+    for _, line in timed_lines(stdout):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                r = json.loads(line)
+                kw = dict(test=f"read {int(r['buffer_bytes']) >> 20} MiB", phase="roofline", threads=r["threads"],
+                          n=r["reps"])
+                return [Row(metric="mem_bandwidth", value=float(r["read_bytes_per_s"]), **kw),
+                        Row(metric="peak_flops", value=float(r["fma_flops_per_s"]), **kw)]
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise DevicelabError(f"membw printed a line devicelab cannot read ({type(e).__name__}: {e})") from None
+    raise DevicelabError("membw printed no result")
+
+
+@register
+class Membw(Kind):
+    name = "membw"
+    spec = MembwSpec
+    per_model = False
+
+    def prepare(self, cx, cell):
+        P = cell.params
+        return Prepared([("main", [cx.membw(), "-m", str(P["mib"]), "-r", str(P["repetitions"]),
+                                   "-t", str(P.get("threads") or cx.facts.get("cpu_count") or 1)])])
+
+    def parse(self, a: Artifacts) -> Parsed:
+        return Parsed(membw_rows(a.main.stdout))

@@ -1,0 +1,268 @@
+"""Host-side shared work, done once per key however many lanes ask at once: the llama.cpp builds made
+here, model files, quant ladders, KLD base logits, host logits of a quant, host evals. And the host's own
+CPUs as a resource: a device that measures on them (this machine) measures alone, while other lanes'
+host-side steps wait; every cell records what else the lab ran on the host during it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from .. import paths
+from ..build import cache as buildcache
+from ..build import source as sourcemod
+from ..build import targets
+from ..errors import DevicelabError
+from ..hashing import sha256_file
+from ..kinds import kld as kldk
+from ..models import store
+from ..models.ladder import Ladder
+from ..proc import run_logged
+
+
+def resolve_text(spec: str, src: sourcemod.Source | None, base: Path | None = None, what: str = "perplexity text"
+                 ) -> Path:
+    if spec.startswith("llama.cpp:"):
+        if src is None:
+            raise DevicelabError(f"{what} {spec}: the llama.cpp source is not resolved yet")
+        p = src.path / spec[len("llama.cpp:"):]
+    else:
+        p = Path(spec).expanduser()
+        if not p.is_absolute() and base is not None and (base / p).exists():
+            p = base / p            # relative paths in a recipe are relative to the recipe file
+    if not p.is_file():
+        raise DevicelabError(f"{what} {spec} not found; give a text file path (relative to the recipe) or "
+                             "'llama.cpp:RELATIVE/PATH'")
+    return p
+
+
+class HostCPUs:
+    """Readers/writer lock over this machine's CPUs. `measure(who)`: a device that measures on these CPUs
+    runs its payload alone. `work(label)`: a host-side step (build, quantize, base logits, host eval) —
+    several may run together, never while a measurement holds the CPUs. Every use is logged, so a cell can
+    say what else ran on the host during it."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._measuring: str | None = None
+        self._workers = 0
+        self._waiting_measures = 0
+        self._log: list[tuple[str, float, float | None]] = []     # (label, start, end) in host time
+
+    def _enter(self, label: str) -> list:
+        entry = [label, time.time(), None]
+        self._log.append(entry)
+        return entry
+
+    @contextmanager
+    def measure(self, who: str):
+        with self._cv:
+            self._waiting_measures += 1
+            self._cv.wait_for(lambda: self._measuring is None and self._workers == 0)
+            self._waiting_measures -= 1
+            self._measuring = who
+            entry = self._enter(who)
+        try:
+            yield
+        finally:
+            with self._cv:
+                entry[2] = time.time()
+                self._measuring = None
+                self._cv.notify_all()
+
+    @contextmanager
+    def work(self, label: str):
+        with self._cv:
+            self._cv.wait_for(lambda: self._measuring is None and self._waiting_measures == 0)
+            self._workers += 1
+            entry = self._enter(label)
+        try:
+            yield
+        finally:
+            with self._cv:
+                entry[2] = time.time()
+                self._workers -= 1
+                self._cv.notify_all()
+
+    @contextmanager
+    def activity(self, label: str):
+        """Log something that uses the host without excluding a measurement (a remote lane's payload run:
+        the host only relays it)."""
+        with self._cv:
+            entry = self._enter(label)
+        try:
+            yield
+        finally:
+            with self._cv:
+                entry[2] = time.time()
+
+    def during(self, start: float, end: float, exclude: str = "") -> list[str]:
+        with self._cv:
+            out = {lab for lab, a, b in self._log if a < end and (b is None or b > start) and lab != exclude}
+        return sorted(out)
+
+
+class HostWork:
+    """What every lane shares; thread-safe, each piece made once per key."""
+
+    def __init__(self, source_spec: str | None, models: dict[str, str], recipe_dir: Path, events, jobs=None):
+        self.source_spec, self.model_specs, self.recipe_dir = source_spec, models, recipe_dir
+        self.ev, self.jobs = events, jobs
+        self.cpu = HostCPUs()
+        self._locks: dict = {}
+        self._done: dict = {}
+        self._guard = threading.Lock()
+        self._src: sourcemod.Source | None = None
+
+    # ---- once per key ----
+    def _lock(self, key) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def once(self, key, make):
+        with self._lock(key):
+            if key not in self._done:
+                self._done[key] = make()
+            return self._done[key]
+
+    # ---- source and models ----
+    @property
+    def src(self) -> sourcemod.Source:
+        return self.once("source", lambda: sourcemod.resolve(self.source_spec))
+
+    def model_path(self, name: str) -> Path:
+        return self.once(("model", name), lambda: store.resolve(self.model_specs[name]))
+
+    def model_sha(self, name: str) -> str:
+        return self.once(("model-sha", name), lambda: sha256_file(self.model_path(name)))
+
+    def resolve_text(self, spec: str, what: str = "perplexity text") -> Path:
+        return resolve_text(spec, self.src, self.recipe_dir, what)
+
+    def include(self, P: dict) -> Path | None:
+        from ..kinds.eval import resolve_include
+        return resolve_include(P["include"], self.recipe_dir) if P.get("include") else None
+
+    # ---- builds made here ----
+    def build(self, tgt: targets.Target) -> buildcache.Build:
+        def make():
+            self.ev.stage(f"llama.cpp build for {tgt.name}")
+            with self.cpu.work(f"build {tgt.name}"):
+                return buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
+        return self.once(("build", tgt.name, json.dumps(tgt.cmake_flags(), sort_keys=True), tgt.tools), make)
+
+    def host_build(self) -> buildcache.Build:
+        return self.build(targets.local_native())
+
+    def membw(self, build) -> Path:
+        from ..build import payloads as bpay
+        return self.once(("membw", build.key), lambda: bpay.ensure_membw(build))
+
+    # ---- ladders ----
+    def ladder(self, model: str) -> Ladder:
+        def make():
+            hb = self.host_build()
+            return Ladder(model, self.model_path(model), hb.tool("llama-quantize"), {"quantized_with_build": hb.key})
+        return self.once(("ladder", model), make)
+
+    def quant(self, model: str, quant: str):
+        lad = self.ladder(model)
+
+        def make():
+            with self.cpu.work(f"quantize {model} {quant}"):
+                return lad.quant(quant)
+        with self._lock(("ladder-ops", model)):      # base and quants of one model share files
+            return self.once(("quant", model, quant), make)
+
+    def base(self, model: str):
+        lad = self.ladder(model)
+        with self._lock(("ladder-ops", model)):
+            return self.once(("base", model), lambda: lad.base())
+
+    # ---- logits ----
+    def _logits(self, model_file: Path, sha: str, spec: dict, out_name: str, what: str) -> tuple[Path, float | None]:
+        text = self.resolve_text(spec["text"])
+        key = hashlib.sha256(json.dumps([sha, sha256_file(text), spec["ctx"], spec["chunks"]]).encode()
+                             ).hexdigest()[:16]
+        d = paths.sub("kld")
+        out = d / f"{out_name}-{key}.kld"
+        meta = out.with_suffix(".json")
+
+        def make():
+            if out.exists() and meta.exists():
+                return out, json.loads(meta.read_text()).get("ppl_base")
+            hb = self.host_build()
+            self.ev.stage(f"{what} (host, once)")
+            p = kldk.KLDParams(ctx=spec["ctx"], chunks=spec["chunks"], threads=max(1, os.cpu_count() or 2))
+            log = out.with_suffix(".log")
+            log.write_text("")
+            tmp = out.with_suffix(".part")
+            with self.cpu.work(what):
+                run_logged(
+                    kldk.base_argv(str(hb.tool("llama-perplexity")), str(model_file), str(text), str(tmp), p),
+                    log,
+                    what=f"llama-perplexity ({what})",
+                )
+            tmp.rename(out)
+            ppl = kldk.parse_base_ppl(log.read_text(errors="replace"))
+            meta.write_text(json.dumps({"ppl_base": ppl, "sha256": sha, "text": str(text), **spec}))
+            return out, ppl
+
+        return self.once(("logits", str(out)), make)
+
+    def kld_base(self, model: str, spec: dict) -> Path:
+        """Base logits, made once on the host per (base file, text, ctx, chunks)."""
+        base = self.base(model)
+        return self._logits(base.path, base.sha256, spec, model, f"KLD base logits for {model}")[0]
+
+    def host_quant_logits(self, model: str, quant: str, spec: dict) -> Path:
+        """The same quant file's logits made on the host: the reference a device's run of that file is
+        checked against."""
+        qf = self.quant(model, quant)
+        return self._logits(qf.path, qf.sha256, spec, f"{model}-{quant}-host", f"host logits of {model} {quant}")[0]
+
+    # ---- host evals ----
+    def host_eval(self, model: str, quant: str, P: dict) -> dict:
+        """lm-eval log-likelihood tasks on the host through llama-cpp-python, once per (file, tasks, task
+        files, limit, ctx, engine versions): every device of a recipe shares the file's score."""
+        from .. import lmeval
+        from ..kinds.eval import keep
+
+        qf = self.quant(model, quant)
+        include = self.include(P)
+        files = (
+            sorted(p for p in include.rglob("*") if p.is_file() and not p.name.endswith(".sha256.json"))
+            if include
+            else []
+        )
+        versions = lmeval.versions()
+        tasks_digest = [(str(p.relative_to(include)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
+        key = hashlib.sha256(
+            json.dumps([qf.sha256, tasks_digest, P["lm_tasks"], P.get("limit"), P["ctx"], versions]).encode()
+        ).hexdigest()[:16]
+        out = paths.sub("evals") / f"{model}-{quant}-host-{key}.json"
+
+        def make():
+            if out.exists():
+                return json.loads(out.read_text())
+            self.ev.stage(f"lm-eval {', '.join(P['lm_tasks'])} on the host (llama-cpp-python) for {model} {quant}")
+            t0 = time.time()
+            with self.cpu.work(f"lm-eval {model} {quant} (host)"):
+                # one core left free: llama.cpp's OpenMP threads spin at barriers, and one thread per core
+                # with anything else running slows scoring ~30× (this 2-core VM: 0.24 s vs 7.8 s a request)
+                lm = lmeval.host_lm(qf.path, P["ctx"], P.get("threads") or max(1, (os.cpu_count() or 2) - 1))
+                res = lmeval.evaluate("host-loglikelihood", lm, P["lm_tasks"], include, P.get("limit"))
+            kept = keep(res)
+            kept["provenance"] = {**lm.provenance, **versions, "seconds": time.time() - t0}
+            text = json.dumps(kept, default=str)
+            tmp = out.with_suffix(".part")
+            tmp.write_text(text)
+            tmp.rename(out)
+            return json.loads(text)  # the same shape as a cached result
+
+        return self.once(("host-eval", str(out)), make)

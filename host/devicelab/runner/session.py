@@ -1,0 +1,208 @@
+"""DeviceSession: everything one device carries through a run — transport, kit, facts, target, build,
+idle baseline, charging hygiene, governor pin, powermetrics access, warnings — in one object, opened and
+closed as a context. The orchestrator holds no per-device state."""
+
+from __future__ import annotations
+
+import dataclasses
+import posixpath
+import time
+from contextlib import ExitStack
+
+from .. import facts as factsmod
+from .. import kit as kitmod
+from .. import push
+from ..build import targets
+from ..hashing import sha256_file
+from ..kinds.base import SkipCell
+from ..schema import Row
+from ..telemetry import normalize, snapshots
+from ..transports import open_transport
+from .conditions import Governor
+
+BASELINE_MAX_AGE_S = 6 * 3600
+
+
+def target_for(t, device, facts: dict) -> tuple[targets.Target, list[str]]:
+    """The device's build target: the lab file's `target` if set, else its transport's default."""
+    if device.target:
+        feats = set((device.cpu_features or facts.get("cpu.features") or "").split())
+        return targets.by_name(device.target, feats), []
+    return t.default_target(device, facts)
+
+
+class DeviceSession:
+    def __init__(self, device, ledger, host, events, telemetry, tools: set[str]):
+        self.device, self.ledger, self.host, self.ev, self.telemetry = device, ledger, host, events, telemetry
+        self.name = device.name
+        self.tools_needed = set(tools)
+        self.t = None
+        self.kit = ""
+        self.facts: dict = {}
+        self.baseline: float | None = None
+        self.build = None
+        self.snap_tools: set[str] = set()
+        self.powermetrics = ""
+        self.provenance: dict = {}          # device-wide conditions (the governor pin)
+        self._stack = ExitStack()
+        self._warned: set[str] = set()
+        self.current_remote: str | None = None      # the running cell's device folder (for interrupt)
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self):
+        try:
+            self._open()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        return False
+
+    @property
+    def measures_on_host(self) -> bool:
+        """Its payloads run on this host's CPUs (the local transport, or a device the lab file marks so)."""
+        if self.device.host_cpus is not None:
+            return self.device.host_cpus
+        return bool(self.t is not None and self.t.measures_on_host)
+
+    @property
+    def same_build_as_host(self) -> bool:
+        """It runs this host's own build on this host's CPUs: a device-vs-host logit check would compare a
+        file with itself."""
+        return bool(self.t is not None and self.t.measures_on_host and not self.device.exec_prefix
+                    and not self.device.target)
+
+    def _open(self) -> None:
+        d = self.device
+        self.ev.lane(self.name, "connecting")
+        self.t = open_transport(d)
+        self.t.connect()
+        self._stack.callback(self.t.close)
+        self.ev.lane(self.name, "device facts and kit")
+        self.kit = kitmod.ensure(self.t)
+        self.facts = factsmod.collect(self.t, self.kit)
+        self.baseline = self._idle_baseline()      # before a native build can warm the device
+        tgt, warnings = target_for(self.t, d, self.facts)
+        for w in warnings:
+            self.warn(w)
+        if self.tools_needed - set(tgt.tools):         # a kind needs a tool the target does not list
+            tgt = dataclasses.replace(tgt, tools=tuple(sorted(set(tgt.tools) | self.tools_needed)))
+        self.ev.lane(self.name, f"llama.cpp build ({tgt.name})")
+        if tgt.where == "device":
+            from ..build import remote
+            self.ev.stage(f"llama.cpp native build on {self.name} ({tgt.name})")
+            self.build = remote.ensure(self.t, self.host.src, tgt, jobs=self.host.jobs)
+        else:
+            self.build = self.host.build(tgt)
+        self.snap_tools = snapshots.available(self.t)
+        if snapshots.restore_if_pending(self.t, self.snap_tools,
+                                        bool(self.ledger.device_fact(self.name, "battery-unplugged"))):
+            self.ledger.set_device_fact(self.name, "battery-unplugged", False)
+            self.ev.stage(f"{self.name}: charging state restored (dumpsys battery reset): an earlier run lost "
+                          "the device while it was set unplugged")
+        # macOS: the SoC's energy model (CPU/GPU/ANE) beside each payload, where the user may run it
+        self.powermetrics = snapshots.powermetrics_access(self.t) if "ioreg" in self.snap_tools else ""
+        if "ioreg" in self.snap_tools and not self.powermetrics:
+            self.ev.stage(f"note: {self.name} has no power figures without powermetrics, which needs root: allow "
+                          "it with a sudoers rule (NOPASSWD: /usr/bin/powermetrics) for the SSH user")
+        self.provenance["governor"] = None
+        if d.governor:
+            g = self._stack.enter_context(Governor(self.t, self.kit, d.governor, d.telemetry_root, self.warn))
+            self.provenance.update(g.provenance)
+
+    # ---------------------------------------------------------------- helpers for cells and kinds
+    def warn(self, text: str, key: str | None = None) -> None:
+        """A warning about this device, once per session."""
+        key = key or text
+        if key not in self._warned:
+            self._warned.add(key)
+            self.ev.stage(f"warning: {self.name}: {text}")
+
+    def tool(self, name: str) -> str:
+        if name not in self.build.manifest["tools"]:
+            raise SkipCell(f"the {self.build.manifest['target']} build has no {name}")
+        if self.build.manifest.get("where") == "device":
+            return self.build.tool(name)                       # built on the device, already there
+        return push.ensure(self.t, self.build.tool(name), self.build.manifest["tools"][name], name, mode="755")
+
+    def push(self, path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
+        with self.host.cpu.activity(f"push to {self.name}"):
+            return push.ensure(self.t, path, sha or sha256_file(path), name or path.name, mode=mode)
+
+    def alive(self) -> bool:
+        try:
+            return self.t.run(["true"], timeout=30).rc == 0
+        except Exception:          # noqa: BLE001 - any failure to reach it means it is gone
+            return False
+
+    def interrupt(self) -> None:
+        """Ctrl-C from another thread: stop the running payload on the device (its runner then returns)."""
+        remote = self.current_remote
+        if self.t is None or not remote:
+            return
+        try:
+            for pids in read_pids(self.t, remote).values():
+                for pid in pids:
+                    self.t.run(["kill", pid], timeout=10)
+        except Exception:          # noqa: BLE001 - best effort: the device may be gone already
+            pass
+
+    # ---------------------------------------------------------------- thermal protocol
+    def hottest(self) -> float | None:
+        r = self.t.run(["sh", f"{self.kit}/thermal.sh", self.device.telemetry_root], timeout=30)
+        try:
+            return normalize.temp_to_c(float(r.stdout.strip()))
+        except ValueError:
+            return None
+
+    def _idle_baseline(self) -> float | None:
+        """The device's idle temperature: its hottest zone at first contact, or a cooler reading of it kept in
+        the ledger from the last hours (a run resumed right after a heavy one starts on a warm device)."""
+        now = self.hottest()
+        old = self.ledger.device_fact(self.name, "idle-baseline")
+        fresh = old if old and time.time() - old["at"] < BASELINE_MAX_AGE_S else None
+        if now is not None and (fresh is None or now <= fresh["c"]):
+            self.ledger.set_device_fact(self.name, "idle-baseline", {"c": now, "at": time.time()})
+            return now
+        if fresh is not None:
+            self.ev.stage(f"{self.name}: idle baseline {fresh['c']:.1f} °C, measured "
+                          f"{(time.time() - fresh['at']) / 60:.0f} min ago (now "
+                          + (f"{now:.1f} °C)" if now is not None else "unreadable)"))
+            return fresh["c"]
+        return now
+
+    def cooldown(self) -> Row:
+        """Wait (bounded) until the hottest zone is within delta of the idle baseline: the wait as a row that
+        says how it ended."""
+        baseline = self.baseline
+        if baseline is None:
+            return Row(metric="cooldown_wait", value=0.0, phase="cell", test="no thermal zone: no wait")
+        spec = self.telemetry
+        limit = baseline + spec.cooldown_delta_c
+        t0 = time.time()
+        now = self.hottest()
+        while now is not None and now > limit and time.time() - t0 < spec.cooldown_timeout_s:
+            time.sleep(2.0)
+            now = self.hottest()
+        waited = time.time() - t0
+        goal = f"baseline {baseline:.1f} °C + {spec.cooldown_delta_c:g}"
+        if now is not None and now > limit:
+            self.ev.stage(f"warning: {self.name} still at {now:.1f} °C after {waited:.0f} s ({goal}): measuring "
+                          "warm; raise telemetry.cooldown_timeout_s to wait longer")
+            return Row(metric="cooldown_wait", value=waited, phase="cell", test=f"timed out at {now:.1f} °C ({goal})")
+        return Row(metric="cooldown_wait", value=waited, phase="cell",
+                   test=f"reached {now:.1f} °C ({goal})" if now is not None else "thermal zone unreadable")
+
+
+def read_pids(t, remote_out: str) -> dict[str, list[str]]:
+    """run_payload.sh's pids file ('runner=1 payload=2 sampler=3 spin=4,5'), by role."""
+    out: dict[str, list[str]] = {}
+    for kv in (t.read_text(posixpath.join(remote_out, "pids")) or "").split():
+        k, _, v = kv.partition("=")
+        ids = [p for p in v.split(",") if p.isdigit()]
+        if ids:
+            out[k] = ids
+    return out

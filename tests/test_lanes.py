@@ -1,0 +1,192 @@
+"""A lab of several devices: every device runs in its own lane, at once; one device's failure (its setup,
+a parser meeting garbage, the device lost mid-cell) is that device's alone; nothing is left running."""
+
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import devicelab
+from sshd_peer import SSHD, Sshd
+
+from devicelab.runner.host import HostCPUs
+
+BENCH = "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n"
+
+
+def recipe(tmp_path, devices, quants="[q8_0]", payloads=BENCH, name="lanes"):
+    r = tmp_path / "r.yaml"
+    r.write_text(f"name: {name}\ndevices: [{', '.join(devices)}]\nmodels: [{{name: smollm2-135m}}]\n"
+                 f"quants: {quants}\npayloads:\n{payloads}recommend: {{context: 512, min_decode_tps: 0.1}}\n")
+    return r
+
+
+def cells(db):
+    con = sqlite3.connect(db)
+    return [dict(zip(("device", "quant", "status", "error"), r))
+            for r in con.execute("SELECT device, quant, status, error FROM cells ORDER BY device, quant")]
+
+
+def run_status(db):
+    return sqlite3.connect(db).execute("SELECT status FROM runs ORDER BY started_at DESC LIMIT 1").fetchone()[0]
+
+
+@pytest.mark.e2e
+def test_a_device_whose_setup_fails_beside_one_that_works(tmp_path, host_build, smol_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the broken device's work folder should go\n")
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(f"devices:\n  - {{name: broken, transport: local, workdir: '{blocker}/wd'}}\n"
+                   f"  - {{name: good, transport: local, workdir: '{tmp_path}/good-wd'}}\n")
+    p = devicelab("run", recipe(tmp_path, ["broken", "good"], "[q8_0, q4_0]"), "--lab", lab,
+                  "--lab-dir", tmp_path / "lab")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+    db = tmp_path / "lab" / "ledger.sqlite"
+    st = cells(db)
+    assert [c["status"] for c in st if c["device"] == "good"] == ["done", "done"]
+    broken = [c for c in st if c["device"] == "broken"]
+    assert [c["status"] for c in broken] == ["failed", "failed"]
+    # one line naming the device and the reason
+    assert all(c["error"].startswith("broken: ") and "not-a-folder" in c["error"] and "\n" not in c["error"]
+               for c in broken), broken
+    assert run_status(db) == "failed"
+    assert "good: ship smollm2-135m" in p.stdout
+
+
+@pytest.mark.e2e
+def test_a_parser_that_meets_garbage_fails_that_cell_only(tmp_path, host_build, smol_path):
+    """A device whose payloads print a garbage result line for one model file (a wrapper stands in for a
+    broken build): that cell fails with one line; the device's other cell and the other device finish."""
+    wrap = tmp_path / "garbage-wrapper"
+    wrap.write_text('#!/bin/sh\n"$@"; rc=$?\ncase "$*" in *q4_0*) echo \'{"avg_ts": 1, "samples_ts": 5}\';; esac\n'
+                    'exit $rc\n')
+    wrap.chmod(0o755)
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(f"devices:\n  - {{name: odd, transport: local, workdir: '{tmp_path}/odd-wd', "
+                   f"exec_prefix: ['{wrap}']}}\n  - {{name: fine, transport: local, workdir: '{tmp_path}/fine-wd'}}\n")
+    p = devicelab("run", recipe(tmp_path, ["odd", "fine"], "[q8_0, q4_0]"), "--lab", lab, "--lab-dir", tmp_path / "lab")
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr
+    st = {(c["device"], c["quant"]): c for c in cells(tmp_path / "lab" / "ledger.sqlite")}
+    assert st[("odd", "q4_0")]["status"] == "failed"
+    assert "cannot read" in st[("odd", "q4_0")]["error"] and st[("odd", "q4_0")]["error"].startswith("odd: ")
+    assert st[("odd", "q8_0")]["status"] == st[("fine", "q8_0")]["status"] == st[("fine", "q4_0")]["status"] == "done"
+
+
+@pytest.mark.e2e
+def test_lanes_run_at_once_and_say_what_else_ran(tmp_path, host_build, smol_path):
+    """Two devices that do not measure on this host's CPUs (host_cpus: false) run at the same time: each
+    row says what else the lab ran on the host during its cell; the local device's cells never overlap a
+    host-side step (they measure alone on the host's CPUs)."""
+    lab = tmp_path / "lab.yaml"
+    lab.write_text("".join(["devices:\n"] + [f"  - {{name: {n}, transport: local, workdir: '{tmp_path}/{n}-wd', "
+                                             "host_cpus: false}\n" for n in ("a", "b")]))
+    slow = "  - {kind: bench, prompt: [8], gen: [32], threads: [1], repetitions: 2}\n"
+    p = devicelab("run", recipe(tmp_path, ["a", "b"], "[q8_0, q4_0]", payloads=slow), "--lab", lab,
+                  "--lab-dir", tmp_path / "lab")
+    assert p.returncode == 0, p.stdout + p.stderr
+    from devicelab.ledger import Ledger
+    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    acts = rows.drop_duplicates("cell_id").set_index("device").host_activity.dropna()
+    assert acts.loc["a"].str.contains("b cell").any() and acts.loc["b"].str.contains("a cell").any(), acts
+
+
+def test_host_cpus_a_measurement_never_overlaps_host_work():
+    """The readers/writer rule itself, with real threads: host-side steps run together, never while a
+    measurement holds the host's CPUs, and a waiting measurement is not starved by new work."""
+    cpu = HostCPUs()
+    log, lock = [], threading.Lock()
+
+    def note(what):
+        with lock:
+            log.append((time.monotonic(), what))
+
+    def worker(i):
+        for _ in range(5):
+            with cpu.work(f"w{i}"):
+                note(f"+w{i}")
+                time.sleep(0.01)
+                note(f"-w{i}")
+
+    def measurer():
+        for _ in range(5):
+            with cpu.measure("m"):
+                note("+m")
+                time.sleep(0.02)
+                note("-m")
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(3)] + [threading.Thread(target=measurer)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(30)
+    active_w, measuring = 0, False
+    for _, what in sorted(log):
+        if what == "+m":
+            assert active_w == 0 and not measuring
+            measuring = True
+        elif what == "-m":
+            measuring = False
+        elif what.startswith("+w"):
+            assert not measuring
+            active_w += 1
+        else:
+            active_w -= 1
+    assert sum(1 for _, w in log if w == "+m") == 5
+    assert "m" in cpu.during(0, time.time() + 1) and "w0" in cpu.during(0, time.time() + 1, exclude="m")
+
+
+LOST = """name: lost
+devices: [board, local]
+models: [{name: smollm2-135m}]
+quants: [q8_0, q4_0]
+payloads:
+  - {kind: bench, prompt: [64], gen: [64], threads: [1], repetitions: 3}
+recommend: {context: 512, min_decode_tps: 0.1}
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server")
+def test_a_device_lost_mid_cell_beside_one_that_is_not(tmp_path, host_build, smol_path):
+    sshd = Sshd(tmp_path / "sshd").start()
+    lab = tmp_path / "lab.yaml"
+    lab.write_text(sshd.lab_yaml("board"))
+    r = tmp_path / "r.yaml"
+    r.write_text(LOST)
+    db = tmp_path / "lab" / "ledger.sqlite"
+    proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(r), "--lab", str(lab),
+                             "--lab-dir", str(tmp_path / "lab")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.time() + 600
+    while time.time() < deadline:
+        try:
+            running = sqlite3.connect(db).execute(
+                "SELECT count(*) FROM cells WHERE device='board' AND status='running'").fetchone()[0]
+        except sqlite3.Error:
+            running = 0
+        if running:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(1.0)
+    sshd.kill()                                          # the board goes away mid-cell
+    out, err = proc.communicate(timeout=900)
+    assert proc.returncode == 1, out + err
+    assert "Traceback" not in err
+    st = cells(db)
+    assert [c["status"] for c in st if c["device"] == "local"] == ["done", "done"], st
+    board = [c for c in st if c["device"] == "board"]
+    assert {c["status"] for c in board} == {"failed-retryable"}, board
+    assert all(c["error"].startswith("board: ") for c in board)
+    assert run_status(db) == "failed"
+    sshd.start()                                         # back: the run again finishes the board alone
+    p = devicelab("run", r, "--lab", lab, "--lab-dir", tmp_path / "lab")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "4 cells, 2 already done, 2 ran, 0 failed" in p.stdout
+    assert {c["status"] for c in cells(db)} == {"done"}
+    sshd.kill()
