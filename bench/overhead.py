@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
 """Prints, measured side by side in one run:
   1. the sampler's own CPU cost (sampler.sh on this machine, payload = sleep) at 10 Hz and 50 Hz;
-  2. instrumented vs bare llama-bench decode t/s (goal ≥ 0.99), alternating bare/instrumented runs.
+  2. instrumented vs bare llama-bench decode t/s (goal ≥ 0.99), alternating bare/instrumented runs;
+  3. with --lane: the same ratio where "instrumented" is a whole `devicelab run` of one bench cell on the
+     local device while another lane is busy beside it (an SSH board in its own network namespace behind a
+     tbf-shaped link, pushing its model), as a mean of paired ratios with a 95 % confidence interval.
 
 usage: python bench/overhead.py [--pairs 4] [--gen 64] [--reps 5] [--threads 1,2] [--sampler-only]
+       python bench/overhead.py --lane [--pairs 30] [--threads 1]
 Uses the cached local build and the SmolLM2 q4_k_m from the quickstart's ladder (made if missing)."""
 
 from __future__ import annotations
@@ -89,7 +93,11 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--sampler-seconds", type=float, default=10)
     ap.add_argument("--sampler-only", action="store_true", help="skip the llama-bench decode ratio")
+    ap.add_argument("--lane", action="store_true", help="only the lab run beside a busy lane vs bare decode")
+    ap.add_argument("--rate", default="30mbit", help="--lane: the busy board's link")
     a = ap.parse_args()
+    if a.lane:
+        return lane_ratio(a)
 
     import shutil
     # as deployed: started by `sh` (dash here), the sampler moves itself to a shell with `read -t`;
@@ -141,6 +149,68 @@ def main():
         sb, si = statistics.stdev(bare), statistics.stdev(inst)
         print(f"threads={t}: bare decode {mb:.1f} ± {sb:.1f} tok/s, instrumented {mi:.1f} ± {si:.1f} tok/s "
               f"(n={a.pairs} each, tg{a.gen} × {a.reps} reps): ratio {mi / mb:.3f} (goal ≥ 0.99)")
+
+
+LANE_RECIPE = """name: overhead-{i}
+devices: [local, board]
+models: [{{name: smollm2-135m}}]
+quants: [q4_k_m]
+payloads:
+  - {{kind: bench, prompt: [0], gen: [{gen}], threads: [{t}], repetitions: {reps}}}
+"""
+
+
+def lane_ratio(a) -> None:
+    """Bare llama-bench decode vs the local device's decode in a `devicelab run` while the board's lane is
+    busy beside it (pushing its model over a shaped link); pairs alternate their order."""
+    from sshd_peer import Netns, Sshd
+
+    from devicelab.ledger import Ledger
+    from devicelab.runner.orchestrator import Events, Orchestrator
+    src = source.resolve(None)
+    b = cache.ensure(src, targets.local_native())
+    model = str(Ladder("smollm2-135m", store.resolve(None), b.tool("llama-quantize")).quant("q4_k_m").path)
+    ns = Netns()
+    if not ns.create():
+        raise SystemExit("cannot create a network namespace here (needs root and iproute2)")
+    tbf = ["tbf", "rate", a.rate, "burst", "256kb", "latency", "100ms"]
+    subprocess.run(["tc", "qdisc", "add", "dev", ns.host_if, "root", *tbf], check=True)
+    with tempfile.TemporaryDirectory(prefix="dl-overhead-") as d:
+        sshd = Sshd(Path(d) / "sshd", netns=ns).start()
+        try:
+            for t in a.threads.split(","):
+                ratios, busy = [], 0
+                for i in range(a.pairs):
+                    bench = [str(b.tool("llama-bench")), "-m", model, "-p", "0", "-n", str(a.gen), "-r",
+                             str(a.reps), "-t", t, "-o", "jsonl"]
+                    got = {}
+                    for kind in (("bare", "lab") if i % 2 == 0 else ("lab", "bare")):
+                        if kind == "bare":
+                            got[kind] = decode_tps(bench)
+                            continue
+                        w = Path(d) / f"{t}-{i}"
+                        w.mkdir()
+                        lab = w / "lab.yaml"
+                        lab.write_text(sshd.lab_yaml("board").replace(f"{sshd.d}/device-workdir", f"{w}/board"))
+                        r = w / "r.yaml"
+                        r.write_text(LANE_RECIPE.format(i=i, gen=a.gen, t=t, reps=a.reps))
+                        Orchestrator(r, lab, w / "lab", events=Events()).run()
+                        rows = Ledger(w / "lab" / "ledger.sqlite").rows_frame()
+                        loc = rows[(rows.device == "local") & (rows.metric == "decode_tps")]
+                        got[kind] = float(loc.value.iloc[0])
+                        act = str(loc.host_activity.iloc[0] or "")
+                        busy += "board" in act          # the board's lane was busy during the local cell
+                    ratios.append(got["lab"] / got["bare"])
+                m, sd = statistics.mean(ratios), statistics.stdev(ratios)
+                from scipy import stats             # Student's t: the pairs are few
+                half = float(stats.t.ppf(0.975, len(ratios) - 1)) * sd / len(ratios) ** 0.5
+                print(f"threads={t}: lab run beside a busy lane ÷ bare decode = {m:.3f}, 95 % CI "
+                      f"[{m - half:.3f}, {m + half:.3f}] over {len(ratios)} alternating pairs (pair sd {sd:.3f}); "
+                      f"the board's lane was busy during {busy} of the {len(ratios)} local cells "
+                      f"(tg{a.gen} × {a.reps} reps; goal ≥ 0.99)", flush=True)
+        finally:
+            sshd.kill()
+            ns.delete()
 
 
 if __name__ == "__main__":
