@@ -202,7 +202,7 @@ def lane_ratio(a) -> None:
                         busy += "board" in act          # the board's lane was busy during the local cell
                     ratios.append(got["lab"] / got["bare"])
                 m, sd = statistics.mean(ratios), statistics.stdev(ratios)
-                from scipy import stats             # Student's t: the pairs are few
+                from scipy import stats  # Student's t: the pairs are few
                 half = float(stats.t.ppf(0.975, len(ratios) - 1)) * sd / len(ratios) ** 0.5
                 print(f"threads={t}: lab run beside a busy lane ÷ bare decode = {m:.3f}, 95 % CI "
                       f"[{m - half:.3f}, {m + half:.3f}] over {len(ratios)} alternating pairs (pair sd {sd:.3f}); "

@@ -30,6 +30,27 @@ def cells(db):
             for r in con.execute("SELECT device, quant, status, error FROM cells ORDER BY device, quant")]
 
 
+def start_run(r, lab, lab_dir):
+    return subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(r), "--lab", str(lab),
+                             "--lab-dir", str(lab_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_running(db, proc, n, where="1=1", limit=600):
+    """Until n cells (matching `where`) are running in the run `proc` drives."""
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        try:
+            running = sqlite3.connect(db).execute(
+                f"SELECT count(*) FROM cells WHERE status='running' AND {where}").fetchone()[0]
+        except sqlite3.Error:
+            running = 0
+        if running >= n:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError("never saw the cells running")
+
+
 def run_status(db):
     return sqlite3.connect(db).execute("SELECT status FROM runs ORDER BY started_at DESC LIMIT 1").fetchone()[0]
 
@@ -159,20 +180,8 @@ def test_a_device_lost_mid_cell_beside_one_that_is_not(tmp_path, host_build, smo
     r = tmp_path / "r.yaml"
     r.write_text(LOST)
     db = tmp_path / "lab" / "ledger.sqlite"
-    proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(r), "--lab", str(lab),
-                             "--lab-dir", str(tmp_path / "lab")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        try:
-            running = sqlite3.connect(db).execute(
-                "SELECT count(*) FROM cells WHERE device='board' AND status='running'").fetchone()[0]
-        except sqlite3.Error:
-            running = 0
-        if running:
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
+    proc = start_run(r, lab, tmp_path / "lab")
+    wait_running(db, proc, 1, "device='board'")
     time.sleep(1.0)
     sshd.kill()                                          # the board goes away mid-cell
     out, err = proc.communicate(timeout=900)
@@ -207,19 +216,8 @@ def test_ctrl_c_stops_every_lane_and_puts_every_device_back(tmp_path, host_build
                payloads="  - {kind: bench, prompt: [64], gen: [128], threads: [1], repetitions: 3}\n", name="cut")
     db = tmp_path / "lab" / "ledger.sqlite"
     import signal
-    proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(r), "--lab", str(lab),
-                             "--lab-dir", str(tmp_path / "lab")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.time() + 600
-    while time.time() < deadline:
-        try:
-            running = sqlite3.connect(db).execute("SELECT count(*) FROM cells WHERE status='running'").fetchone()[0]
-        except sqlite3.Error:
-            running = 0
-        if running == 2:
-            break
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
+    proc = start_run(r, lab, tmp_path / "lab")
+    wait_running(db, proc, 2)
     assert all(govs(root) == ["performance"] * 3 for root in roots.values()), "pinned while the cells run"
     time.sleep(1.0)
     proc.send_signal(signal.SIGINT)
