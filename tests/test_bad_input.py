@@ -109,7 +109,7 @@ def test_unknown_source_path():
         (lambda p: p.write_text(GOOD.replace("{kind: kld", "{kind: kld, text: no-such-text.txt")),
          "payloads.1: perplexity text no-such-text.txt not found"),
         (lambda p: p.write_text(GOOD.replace("{kind: bench", "{kind: benchmark")),
-         "does not match any of the expected tags: 'batched', 'bench'"),
+         "payloads.0.kind: unknown 'benchmark'; available: 'batched', 'bench'"),
     ],
 )
 def test_bad_recipe_files_one_line_before_anything_runs(tmp_path, lab_with_data, write, expect):
@@ -124,8 +124,12 @@ def test_bad_recipe_files_one_line_before_anything_runs(tmp_path, lab_with_data,
 @pytest.mark.parametrize(
     "text,expect",
     [
-        ("devices:\n  - {name: pi, transport: telnet}\n", "devices.0.transport: Input should be 'local', 'ssh' or"),
-        ("devices:\n  - {name: pi, transport: ssh, port: lots}\n", "devices.0.port: Input should be a valid integer"),
+        ("devices:\n  - {name: pi, transport: telnet}\n",
+         "devices.0.transport: unknown 'telnet'; available: 'local', 'ssh', 'adb'"),
+        ("devices:\n  - {name: pi, transport: ssh, host: pi5, port: lots}\n",
+         "devices.0.ssh.port: Input should be a valid integer"),
+        ("devices:\n  - {name: pi, transport: ssh}\n", "devices.0.ssh.host: Field required"),
+        ("devices:\n  - {name: pi, serial: X1}\n", "devices.0.local.serial: Extra inputs are not permitted"),
         ("devices: 3\n", "devices: Input should be a valid list"),
     ],
 )

@@ -52,7 +52,8 @@ def test_valid_recipe_expands_to_cells(tmp_path):
             OK.replace("threads: [1, 2]", "threads: [1, 2], cpu_masks: [huge]"),
             r"cpu mask 'huge': give a hex mask \(0xf0\) or prime \| big \| little \| all",
         ),
-        (OK.replace("kind: kld", "kind: kldx"), r"payloads\.1: Input tag 'kldx' found using 'kind' does not match"),
+        (OK.replace("kind: kld", "kind: kldx"),
+         r"payloads\.1\.kind: unknown 'kldx'; available: 'batched', 'bench', 'eval', 'kld', 'membw'"),
         (OK + "colour: red\n", r"colour: Extra inputs are not permitted"),
         (OK.replace("name: t", "name: 'a b'"), r"name: String should match pattern"),
         ("name: t\nmodels: [\n", r"malformed YAML at line \d+"),
@@ -78,5 +79,5 @@ def test_lab_file(tmp_path):
     assert L.device("local").transport == "local"  # local always exists
     with pytest.raises(DevicelabError, match=r"device 'phone' is not in the lab file \(known: pi\)"):
         L.device("phone")
-    with pytest.raises(DevicelabError, match=r"devices\.0\.transport: Input should be 'local', 'ssh' or 'adb'"):
+    with pytest.raises(DevicelabError, match=r"devices\.0\.transport: unknown 'usb'; available: 'local', 'ssh', 'adb'"):
         lab.load(write(tmp_path, "devices:\n  - {name: x, transport: usb}\n", "lab2.yaml"))

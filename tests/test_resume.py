@@ -66,10 +66,10 @@ def test_sigkill_mid_sweep_then_resume(tmp_path, host_build, smol_path):
     assert len(per_cell) == 1, "every cell has the same number of rows"
     assert con.execute("SELECT count(*) FROM rows").fetchone()[0] > rows_before
     # the stale llama-bench of the killed attempt was stopped, not left competing for the CPU
-    from devicelab.lab import Device
+    from devicelab.lab import device_from
     from devicelab.transports import open_transport
 
-    wd = open_transport(Device(name="local")).workdir()
+    wd = open_transport(device_from({"name": "local"})).workdir()
     pids = (Path(wd) / "cells" / killed[0] / "attempt-1" / "pids").read_text().split()
     assert len(pids) == 3
     for kv in pids:

@@ -7,7 +7,7 @@ import pytest
 from devicelab.build import remote, targets
 from devicelab.build.source import Source
 from devicelab.errors import DevicelabError
-from devicelab.lab import Device
+from devicelab.lab import device_from
 from devicelab.runner.session import target_for
 from devicelab.transports.base import quote_argv
 
@@ -76,22 +76,22 @@ def test_macos_metal_remote_build_plan():
     [
         (
             {"uname": "Darwin 24.1.0 arm64", "arch": "arm64"},
-            Device(name="mac", transport="ssh", host="m"),
+            device_from({"name": "mac", "transport": "ssh", "host": "m"}),
             "arm64-darwin-metal",
         ),
         (
             {"uname": "Linux 6.6 aarch64", "arch": "aarch64", "cpu.features": PI5},
-            Device(name="pi", transport="ssh", host="p"),
+            device_from({"name": "pi", "transport": "ssh", "host": "p"}),
             "aarch64-linux-static-armv8.2-a_dotprod_fp16",
         ),
         (
             {"uname": "Linux 6.6 aarch64", "arch": "aarch64", "cpu.features": PI5},
-            Device(name="pi", transport="ssh", host="p", cross_build=False),
+            device_from({"name": "pi", "transport": "ssh", "host": "p", "cross_build": False}),
             "aarch64-linux-native-device",
         ),
         (
             {"uname": "Linux 5.10 aarch64", "arch": "aarch64", "cpu.features": ORION},
-            Device(name="ph", transport="adb"),
+            device_from({"name": "ph", "transport": "adb"}),
             "aarch64-linux-static-armv8.2-a_dotprod_i8mm_sve_fp16",
         ),
     ],

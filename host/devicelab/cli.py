@@ -455,20 +455,13 @@ def devices():
 def devices_trust(name, lab_file, yes):
     """Show an SSH device's host key fingerprint and, if you agree, add it to known_hosts."""
     from . import lab as labmod
-    from .transports.ssh import SSHTransport, fingerprint, scan_host_key, trust
+    from .transports import open_transport
 
-    d = labmod.load(lab_file).device(name)
-    if d.transport != "ssh":
-        raise DevicelabError(f"{name} is a {d.transport} device; only ssh devices have host keys")
-    t = SSHTransport.from_device(d)
-    try:
-        key = scan_host_key(t.host, t.port)
-    except OSError as e:
-        raise DevicelabError(f"cannot reach {t.host}:{t.port}: {e}") from e
-    console.print(f"{name}: {t.host}:{t.port} presents {key.get_name()} {fingerprint(key)}")
+    t = open_transport(labmod.load(lab_file).device(name))
+    key, shown = t.host_key()
+    console.print(f"{name}: {shown}")
     if yes or click.confirm("Trust this key (compare it with `ssh-keygen -lf /etc/ssh/ssh_host_*.pub` on the device)?"):
-        trust(t.host, t.port, t.known_hosts, key)
-        console.print(f"added to {t.known_hosts}")
+        console.print(f"added to {t.trust_host_key(key)}")
     else:
         raise DevicelabError("not trusted; nothing written")
 

@@ -51,5 +51,9 @@ def one_line(path: Path, e: ValidationError) -> DevicelabError:
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
+    ctx = err.get("ctx") or {}
+    if err["type"] == "union_tag_invalid":        # an unknown payload kind or transport
+        loc = f"{loc}.{ctx.get('discriminator', '').strip(chr(39))}".lstrip(".")
+        msg = f"unknown {ctx.get('tag')!r}; available: {ctx.get('expected_tags')}"
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
     return DevicelabError(f"{path}: {loc or '(top level)'}: {msg}{more}")

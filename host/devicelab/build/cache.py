@@ -89,11 +89,22 @@ def find(src: Source, t: Target, tools=None) -> Build | None:
 
 def ensure(src: Source, t: Target, tools=None, jobs: int | None = None,
            progress: Callable[[float, str], None] | None = None) -> Build:
-    """Return the cached build, or configure + build it now."""
+    """Return the cached build, or configure + build it now. Two processes asking for the same build (two
+    `devicelab run`s, a test and a run) take turns on a lock file: the second finds the first's build."""
+    import fcntl
     tools = tools or t.tools
     hit = find(src, t, tools)
     if hit:
         return hit
+    key, _ = build_key(src, t, tools)
+    d = build_dir_for(t, src, key)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    with open(d.parent / f".{d.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return find(src, t, tools) or _build(src, t, tools, jobs, progress)
+
+
+def _build(src: Source, t: Target, tools, jobs, progress) -> Build:
     check_toolchain(t)
     key, ident = build_key(src, t, tools)
     d = build_dir_for(t, src, key)

@@ -82,6 +82,14 @@ class Transport(ABC):
         """The llama.cpp build target for this device from its facts, and warnings for the user."""
         raise DevicelabError(f"no build target for {self.name} ({facts.get('uname')})")
 
+    def host_key(self):
+        """(key, what to show the user) for a device reached over SSH; others have no host key."""
+        raise DevicelabError(f"{self.name} is not reached over SSH: it has no host key to trust")
+
+    def trust_host_key(self, key) -> str:
+        """Add `key` to the known_hosts file this device is checked against; returns that file."""
+        raise DevicelabError(f"{self.name} is not reached over SSH: it has no host key to trust")
+
     def __enter__(self):
         self.connect()
         return self

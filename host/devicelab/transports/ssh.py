@@ -117,6 +117,17 @@ class SSHTransport(Transport):
         raise DevicelabError(f"no build target for {self.name} ({uname}); supported: x86-64 like this host, "
                              "aarch64 Linux, macOS")
 
+    def host_key(self):
+        try:
+            key = scan_host_key(self.host, self.port)
+        except OSError as e:
+            raise DevicelabError(f"cannot reach {self.host}:{self.port}: {e}") from e
+        return key, f"{self.host}:{self.port} presents {key.get_name()} {fingerprint(key)}"
+
+    def trust_host_key(self, key) -> str:
+        trust(self.host, self.port, self.known_hosts, key)
+        return self.known_hosts
+
     @classmethod
     def from_device(cls, d) -> "SSHTransport":
         if not d.host:

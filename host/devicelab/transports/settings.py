@@ -1,0 +1,54 @@
+"""Each transport's own settings: the typed entry a lab file gives a device of that transport (pyinfra's
+connectors each declare theirs). `transport:` picks the model; the fields all devices share are in
+DeviceBase."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class DeviceBase(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    workdir: str | None = None                   # device folder devicelab owns
+    ram_budget_bytes: int | None = Field(default=None, gt=0)
+    telemetry_root: str = "/"                    # prefix for sysfs reads (fixture trees in tests)
+    target: Literal["local", "aarch64", "android"] | None = None   # override the target chosen from facts
+    cpu_features: str | None = None              # override /proc/cpuinfo Features for the ARM arch flags
+    exec_prefix: list[str] = []                  # run payload binaries through this (e.g. qemu-aarch64-static)
+    host_cpus: bool | None = None                # its payloads run on this host's CPUs (default: the transport's)
+    governor: str | None = Field(default=None, pattern=r"^[a-z_]+$")   # pin cpufreq (rooted), e.g. performance
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if any(ord(c) < 32 for c in v):
+            raise ValueError("device name has control characters")
+        return v
+
+
+class LocalSettings(DeviceBase):
+    """This workstation."""
+    transport: Literal["local"] = "local"
+
+
+class SSHSettings(DeviceBase):
+    """A Linux board or a Mac over SSH (paramiko; ~/.ssh/config, agent and ProxyJump honoured)."""
+    transport: Literal["ssh"]
+    host: str = Field(min_length=1)              # an address or a Host alias from ~/.ssh/config
+    port: int | None = Field(default=None, ge=1, le=65535)
+    user: str | None = None
+    key_file: str | None = None
+    known_hosts: str | None = None
+    ssh_config: str | None = None
+    cross_build: bool = True                     # build here (True) or natively on the board (False)
+
+
+class ADBSettings(DeviceBase):
+    """An Android phone through the adb server: a USB serial, or host:port for Wi-Fi adb."""
+    transport: Literal["adb"]
+    serial: str | None = None
+    adb_host: str = "127.0.0.1"
+    adb_port: int = Field(default=5037, ge=1, le=65535)
