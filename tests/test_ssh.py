@@ -339,7 +339,7 @@ def test_sshd_killed_mid_push_and_mid_cell_then_run_again_finishes(sshd, tmp_pat
     assert st.get("failed-retryable", 0) >= 1 and "running" not in st and "done" not in st, (st, out + err)
     assert con.execute("SELECT count(*) FROM rows").fetchone()[0] == 0
     why = con.execute("SELECT error FROM cells WHERE quant='q8_0'").fetchone()[0]
-    assert why.startswith("push of smollm2-135m-q8_0.gguf to board broke off") and not re.search(
+    assert why.startswith("board: push of smollm2-135m-q8_0.gguf to board broke off") and not re.search(
         r"\(ssh: \)|: $", why
     ), why
     model = part.with_suffix("")
@@ -384,8 +384,8 @@ def test_sshd_killed_mid_push_and_mid_cell_then_run_again_finishes(sshd, tmp_pat
 
 
 def _tiny_llama_tree(root: Path) -> Path:
-    """A stand-in source tree with the llama.cpp layout whose CMakeLists builds two tiny programs named
-    like the real tools: it exercises the native-build-over-SSH mechanics (pack, push, unpack, configure,
+    """A stand-in source tree with the llama.cpp layout whose CMakeLists builds tiny programs named like
+    the real device tools: it exercises the native-build-over-SSH mechanics (pack, push, unpack, configure,
     build, manifest, no-op rebuild) in seconds. The real tree's plan is checked in test_targets.py."""
     tree = root / "llama.cpp"
     for d in ("ggml", "tools"):
@@ -395,6 +395,7 @@ def _tiny_llama_tree(root: Path) -> Path:
         "cmake_minimum_required(VERSION 3.14)\nproject(tiny C)\n"
         "set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)\n"
         "add_executable(llama-bench main.c)\nadd_executable(llama-perplexity main.c)\n"
+        "add_executable(llama-server main.c)\nadd_executable(llama-batched-bench main.c)\n"
     )
     g = ["git", "-C", str(tree), "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(g + ["init", "-q"], check=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -29,6 +29,10 @@ DEVICE, SERVED, HOST = "device", "served", "host"
 class Spec(BaseModel):
     """Base of every kind's recipe spec: unknown keys are refused."""
     model_config = ConfigDict(extra="forbid")
+
+
+# llama.cpp's KV cache types (-ctk/-ctv): a misspelt one is refused when the recipe loads, not on the device
+KVType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
 
 
 class SkipCell(Exception):

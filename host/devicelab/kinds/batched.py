@@ -9,7 +9,7 @@ from pydantic import Field
 
 from ..errors import DevicelabError
 from ..schema import Row
-from .base import Artifacts, Kind, Parsed, Prepared, Spec, register, timed_lines
+from .base import Artifacts, Kind, KVType, Parsed, Prepared, Spec, register, timed_lines
 
 
 class BatchedSpec(Spec):
@@ -18,8 +18,8 @@ class BatchedSpec(Spec):
     gen: int = Field(default=32, ge=1)
     parallel: list[Annotated[int, Field(ge=1)]] = [1, 2, 4, 8]
     threads: int | None = Field(default=None, ge=1)
-    cache_type_k: str | None = None
-    cache_type_v: str | None = None
+    cache_type_k: KVType | None = None
+    cache_type_v: KVType | None = None
 
 
 def argv(tool: str, model: str, P: dict, threads: int) -> list[str]:

@@ -16,7 +16,7 @@ from .. import facts as factsmod
 from ..errors import DevicelabError
 from ..schema import Row
 from ..telemetry.normalize import Phase
-from .base import Artifacts, Kind, Parsed, Prepared, SkipCell, Spec, register, timed_lines
+from .base import Artifacts, Kind, KVType, Parsed, Prepared, SkipCell, Spec, register, timed_lines
 
 AXES = ("threads", "cpu_mask", "quota", "contention")
 
@@ -35,8 +35,8 @@ class BenchSpec(Spec):
     contention: list[Annotated[int, Field(ge=0)]] = [0]          # busy-looping co-runners
     repetitions: int = Field(default=3, ge=1)
     warmup: bool = True
-    cache_type_k: str | None = None
-    cache_type_v: str | None = None
+    cache_type_k: KVType | None = None
+    cache_type_v: KVType | None = None
 
     @field_validator("threads")
     @classmethod
@@ -64,8 +64,8 @@ class BenchParams:
     threads: int = 1
     repetitions: int = 3
     cpu_mask: str | None = None
-    cache_type_k: str | None = None
-    cache_type_v: str | None = None
+    cache_type_k: KVType | None = None
+    cache_type_v: KVType | None = None
     warmup: bool = True
 
 

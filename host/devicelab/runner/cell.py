@@ -239,7 +239,7 @@ def _serve_and_drive(s: DeviceSession, kind, cx, cell, runner, env, remote_out, 
     try:
         with t.forward(port) as lp:
             url = f"http://127.0.0.1:{lp}"
-            _wait_ready(s, url, th, remote_out, cell)
+            _wait_ready(s, url, th, remote_out, cell, posixpath.basename(argv[0]))
             marks["ready"] = _device_clock(s)
             result = kind.drive(cx, cell, url)
             marks["done"] = _device_clock(s)
@@ -269,13 +269,14 @@ def _serve_and_drive(s: DeviceSession, kind, cx, cell, runner, env, remote_out, 
     return {**result, "marks": marks}
 
 
-def _wait_ready(s: DeviceSession, url: str, th: threading.Thread, remote_out: str, cell, timeout: float = 900) -> None:
+def _wait_ready(s: DeviceSession, url: str, th: threading.Thread, remote_out: str, cell, server: str,
+                timeout: float = 900) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
         if not th.is_alive():
             err = s.t.read_text(posixpath.join(remote_out, "stderr.txt")) or ""
             last = " | ".join(ln.strip() for ln in tail(err, 3).splitlines() if ln.strip())
-            raise DevicelabError(f"{cell.label()}: the server exited before it was ready: {last[:300]}")
+            raise DevicelabError(f"{cell.label()}: {server} exited before it was ready: {last[:300]}")
         try:
             with urllib.request.urlopen(url + "/health", timeout=5) as r:
                 if r.status == 200:
@@ -283,4 +284,4 @@ def _wait_ready(s: DeviceSession, url: str, th: threading.Thread, remote_out: st
         except (urllib.error.URLError, OSError, ValueError):
             pass
         time.sleep(0.5)
-    raise RetryableError(f"{cell.label()}: the server was not ready after {timeout:.0f}s")
+    raise RetryableError(f"{cell.label()}: {server} was not ready after {timeout:.0f}s")
