@@ -3,8 +3,11 @@
 is shaped with `tc tbf` (both ways), so a cell's time — the model's push above all — is mostly the device
 and its link, as with Wi-Fi adb or a remote board. Each board runs the same small recipe from a fresh
 device folder (so every run pushes its models). Prints, per k, the wall time of all k together ÷ the
-slowest of those boards alone, and the orchestrator's own overhead per cell (a cell's time in its lane
-minus its payload's wall time, the lane's first cell — which carries the pushes of the kit — left out).
+slowest of those boards alone, and the orchestrator's own overhead per cell: a cell's time in its lane
+minus its payload's wall time and minus the pushes made during it (its model over the shaped link); the
+lane's first cell, which also carries the session's setup, is left out. What remains is the per-cell work
+around the payload — cooldown check, snapshots, the runner's start, pulls, parsing, the ledger write — and
+the SSH round trips it takes (≈ 0.14 s each against these sshds, most of it root's .bashrc).
 
 The boards are this machine (x86, they reuse the host's build): the 4 sshds, their pushes' hashing and
 the payloads share its 2 cores. Needs root (ip netns, tc) and openssh-server.
@@ -43,12 +46,12 @@ class Timed(Events):
         self.spans: dict[str, tuple[str, float]] = {}
 
     def cell_start(self, cell):
-        self.start[cell.cell_id] = time.monotonic()
+        self.start[cell.cell_id] = time.time()
 
     def cell_done(self, cell, ok, note=""):
         if not ok:
             raise SystemExit(f"cell failed on {cell.device}: {note}")
-        self.spans[cell.cell_id] = (cell.device, time.monotonic() - self.start[cell.cell_id])
+        self.spans[cell.cell_id] = (cell.device, self.start[cell.cell_id], time.time())
 
 
 def shape(ns: Netns, rate: str) -> None:
@@ -57,8 +60,9 @@ def shape(ns: Netns, rate: str) -> None:
     subprocess.run([*ns.prefix(), "tc", "qdisc", "add", "dev", ns.dev_if, "root", *tbf], check=True)
 
 
-def run(boards: list[tuple[str, Sshd]], work: Path, tag: str) -> tuple[float, list[float]]:
-    """One `devicelab run` over these boards, each from a fresh device folder: (wall s, overheads per cell)."""
+def run(boards: list[tuple[str, Sshd]], work: Path, tag: str) -> tuple[float, list[float], float, float]:
+    """One `devicelab run` over these boards, each from a fresh device folder: (wall s, overheads per cell,
+    mean payload wall s, mean push s per cell)."""
     d = work / tag
     d.mkdir()
     lab = d / "lab.yaml"
@@ -75,12 +79,14 @@ def run(boards: list[tuple[str, Sshd]], work: Path, tag: str) -> tuple[float, li
         raise SystemExit(f"{tag}: {len(rep.failed)} cells failed")
     rows = Ledger(d / "lab" / "ledger.sqlite").rows_frame()
     payload = rows[(rows.metric == "wall_seconds") & (rows.phase == "cell")].set_index("cell_id").value
-    over, seen = [], set()
-    for cid, (dev, span) in ev.spans.items():      # in the order the cells finished
+    over, seen, pushed = [], set(), []
+    for cid, (dev, a, b) in ev.spans.items():      # in the order the cells finished
+        pushes = sum(max(0.0, min(b, e) - max(a, s)) for s, e in o.host.cpu.spans(f"push to {dev}"))
+        pushed.append(pushes)
         if dev in seen:
-            over.append(span - float(payload[cid]))
+            over.append(b - a - float(payload[cid]) - pushes)
         seen.add(dev)
-    return wall, over
+    return wall, over, float(payload.mean()), sum(pushed) / len(pushed)
 
 
 def main() -> None:
@@ -105,17 +111,17 @@ def main() -> None:
             boards = [(f"board{i}", s) for i, (_, s) in enumerate(made)]
             alone = []
             for i, b in enumerate(boards):
-                w, _ = run([b], work, f"alone{i}")
+                w, _, _, _ = run([b], work, f"alone{i}")
                 alone.append(w)
                 print(f"board{i} alone: {w:.1f} s", flush=True)
             ratio = 0.0
             for k in range(1, a.kmax + 1):
-                w, over = run(boards[:k], work, f"k{k}")
+                w, over, pay, push = run(boards[:k], work, f"k{k}")
                 slowest = max(alone[:k])
                 ratio = w / slowest
                 print(f"k={k}: all together {w:.1f} s, slowest alone {slowest:.1f} s, ratio {ratio:.2f}; "
-                      f"orchestrator overhead per cell {sum(over) / max(1, len(over)):.2f} s "
-                      f"(n={len(over)}, link {a.rate} each way)", flush=True)
+                      f"orchestrator overhead per cell {sum(over) / max(1, len(over)):.2f} s (n={len(over)}); "
+                      f"per cell: payload {pay:.1f} s, pushes {push:.1f} s (link {a.rate} each way)", flush=True)
         finally:
             for ns, s in made:
                 s.kill()

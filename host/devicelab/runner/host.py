@@ -101,6 +101,11 @@ class HostCPUs:
             with self._cv:
                 entry[2] = time.time()
 
+    def spans(self, label: str) -> list[tuple[float, float]]:
+        """(start, end) of every finished use logged under `label`."""
+        with self._cv:
+            return [(a, b) for lab, a, b in self._log if lab == label and b is not None]
+
     def during(self, start: float, end: float, exclude: str = "") -> list[str]:
         with self._cv:
             out = {lab for lab, a, b in self._log if a < end and (b is None or b > start) and lab != exclude}

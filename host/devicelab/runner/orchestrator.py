@@ -130,11 +130,13 @@ class Orchestrator:
         self.source_spec = source_override or self.recipe.source
         self.jobs = jobs
         self.lanes: list[Lane] = []
+        self.host: HostWork | None = None
 
     def run(self) -> RunReport:
         t0 = time.time()
         r = self.recipe
-        host = HostWork(self.source_spec, {m.name: m.source for m in r.models}, self.recipe_dir, self.ev, self.jobs)
+        host = self.host = HostWork(self.source_spec, {m.name: m.source for m in r.models}, self.recipe_dir, self.ev,
+                                    self.jobs)
         shas = {m.name: host.model_sha(m.name) for m in r.models}
         cells = expand(r, host.src.commit, shas)
         self.ledger.register(cells)
