@@ -4,7 +4,9 @@
   2. instrumented vs bare llama-bench decode t/s (goal ≥ 0.99), alternating bare/instrumented runs;
   3. with --lane: the same ratio where "instrumented" is a whole `devicelab run` of one bench cell on the
      local device while another lane is busy beside it (an SSH board in its own network namespace behind a
-     tbf-shaped link, pushing its model), as a mean of paired ratios with a 95 % confidence interval.
+     tbf-shaped link: its model push, then its payload — a sleep standing in for a device busy elsewhere,
+     since this "board" is this machine's own CPUs; that cell records a failure, as it prints no result),
+     as a mean of paired ratios with a 95 % confidence interval.
 
 usage: python bench/overhead.py [--pairs 4] [--gen 64] [--reps 5] [--threads 1,2] [--sampler-only]
        python bench/overhead.py --lane [--pairs 30] [--threads 1]
@@ -176,6 +178,9 @@ def lane_ratio(a) -> None:
     tbf = ["tbf", "rate", a.rate, "burst", "256kb", "latency", "100ms"]
     subprocess.run(["tc", "qdisc", "add", "dev", ns.host_if, "root", *tbf], check=True)
     with tempfile.TemporaryDirectory(prefix="dl-overhead-") as d:
+        busy = Path(d) / "busy-elsewhere"
+        busy.write_text("#!/bin/sh\nsleep 15\n")          # the board's payload: its device busy, not this CPU
+        busy.chmod(0o755)
         sshd = Sshd(Path(d) / "sshd", netns=ns).start()
         try:
             for t in a.threads.split(","):
@@ -191,7 +196,8 @@ def lane_ratio(a) -> None:
                         w = Path(d) / f"{t}-{i}"
                         w.mkdir()
                         lab = w / "lab.yaml"
-                        lab.write_text(sshd.lab_yaml("board").replace(f"{sshd.d}/device-workdir", f"{w}/board"))
+                        lab.write_text(sshd.lab_yaml("board", f"    exec_prefix: [{busy}]\n").replace(
+                            f"{sshd.d}/device-workdir", f"{w}/board"))
                         r = w / "r.yaml"
                         r.write_text(LANE_RECIPE.format(i=i, gen=a.gen, t=t, reps=a.reps))
                         Orchestrator(r, lab, w / "lab", events=Events()).run()

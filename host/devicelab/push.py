@@ -17,6 +17,12 @@ def remote_path(t: Transport, sha: str, name: str) -> str:
     return posixpath.join(t.workdir(), "cache", sha[:16], name)
 
 
+def present(t: Transport, sha: str, name: str) -> str | None:
+    """The device's copy when it is already there, verified and marked (one round trip), else None."""
+    dst = remote_path(t, sha, name)
+    return dst if t.exists(dst + ".ok") else None
+
+
 def ensure(t: Transport, local: Path, sha: str, name: str | None = None, mode: str | None = None,
            attempts: int = 2) -> str:
     name = name or Path(local).name

@@ -147,6 +147,15 @@ class Ladder:
             },
         )
 
+    def has_base(self) -> bool:
+        return _cached(self.path_for("base")) is not None
+
+    def is_made(self, quant: str) -> bool:
+        """Whether the base and this quant are already in the cache (asking makes nothing)."""
+        base = _cached(self.path_for("base"))
+        return base is not None and (check_quant(quant) == base.manifest.get("base_type")
+                                     or _cached(self.path_for(check_quant(quant))) is not None)
+
     def quant(self, quant: str, threads: int | None = None, imatrix: Path | None = None) -> QuantFile:
         quant = check_quant(quant)
         base = self.base()

@@ -156,6 +156,9 @@ class HostWork:
     # ---- builds made here ----
     def build(self, tgt: targets.Target) -> buildcache.Build:
         def make():
+            hit = buildcache.find(self.src, tgt)       # a cached build is no work: no waiting for the CPUs
+            if hit:
+                return hit
             self.ev.stage(f"llama.cpp build for {tgt.name}")
             with self.cpu.work(f"build {tgt.name}"):
                 return buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
@@ -179,6 +182,8 @@ class HostWork:
         lad = self.ladder(model)
 
         def make():
+            if lad.is_made(quant):
+                return lad.quant(quant)
             with self.cpu.work(f"quantize {model} {quant}"):
                 return lad.quant(quant)
         with self._lock(("ladder-ops", model)):      # base and quants of one model share files
@@ -187,7 +192,12 @@ class HostWork:
     def base(self, model: str):
         lad = self.ladder(model)
         with self._lock(("ladder-ops", model)):
-            return self.once(("base", model), lambda: lad.base())
+            def make():
+                if lad.has_base():
+                    return lad.base()
+                with self.cpu.work(f"F16 base of {model}"):
+                    return lad.base()
+            return self.once(("base", model), make)
 
     # ---- logits ----
     def _logits(self, model_file: Path, sha: str, spec: dict, out_name: str, what: str) -> tuple[Path, float | None]:

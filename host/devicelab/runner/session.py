@@ -126,11 +126,17 @@ class DeviceSession:
             raise SkipCell(f"the {self.build.manifest['target']} build has no {name}")
         if self.build.manifest.get("where") == "device":
             return self.build.tool(name)                       # built on the device, already there
-        return push.ensure(self.t, self.build.tool(name), self.build.manifest["tools"][name], name, mode="755")
+        return self.push(self.build.tool(name), self.build.manifest["tools"][name], mode="755", name=name)
 
     def push(self, path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
-        with self.host.cpu.activity(f"push to {self.name}"):
-            return push.ensure(self.t, path, sha or sha256_file(path), name or path.name, mode=mode)
+        """A file into the device's verified cache. Sending it is host-side work (the host reads, encrypts
+        and streams it): it waits while a device measures on this host's CPUs."""
+        sha, name = sha or sha256_file(path), name or path.name
+        there = push.present(self.t, sha, name)
+        if there:
+            return there
+        with self.host.cpu.work(f"push to {self.name}"):
+            return push.ensure(self.t, path, sha, name, mode=mode)
 
     def alive(self) -> bool:
         try:
