@@ -178,9 +178,9 @@ def lane_ratio(a) -> None:
     tbf = ["tbf", "rate", a.rate, "burst", "256kb", "latency", "100ms"]
     subprocess.run(["tc", "qdisc", "add", "dev", ns.host_if, "root", *tbf], check=True)
     with tempfile.TemporaryDirectory(prefix="dl-overhead-") as d:
-        busy = Path(d) / "busy-elsewhere"
-        busy.write_text("#!/bin/sh\nsleep 15\n")          # the board's payload: its device busy, not this CPU
-        busy.chmod(0o755)
+        sleeper = Path(d) / "busy-elsewhere"
+        sleeper.write_text("#!/bin/sh\nsleep 15\n")          # the board's payload: its device busy, not this CPU
+        sleeper.chmod(0o755)
         sshd = Sshd(Path(d) / "sshd", netns=ns).start()
         try:
             for t in a.threads.split(","):
@@ -196,7 +196,7 @@ def lane_ratio(a) -> None:
                         w = Path(d) / f"{t}-{i}"
                         w.mkdir()
                         lab = w / "lab.yaml"
-                        lab.write_text(sshd.lab_yaml("board", f"    exec_prefix: [{busy}]\n").replace(
+                        lab.write_text(sshd.lab_yaml("board", f"    exec_prefix: [{sleeper}]\n").replace(
                             f"{sshd.d}/device-workdir", f"{w}/board"))
                         r = w / "r.yaml"
                         r.write_text(LANE_RECIPE.format(i=i, gen=a.gen, t=t, reps=a.reps))
