@@ -97,6 +97,7 @@ def main():
     ap.add_argument("--sampler-only", action="store_true", help="skip the llama-bench decode ratio")
     ap.add_argument("--lane", action="store_true", help="only the lab run beside a busy lane vs bare decode")
     ap.add_argument("--rate", default="30mbit", help="--lane: the busy board's link")
+    ap.add_argument("--alone", action="store_true", help="--lane without the board: the local device's lane only")
     a = ap.parse_args()
     if a.lane:
         return lane_ratio(a)
@@ -154,7 +155,7 @@ def main():
 
 
 LANE_RECIPE = """name: overhead-{i}
-devices: [local, board]
+devices: [{devices}]
 models: [{{name: smollm2-135m}}]
 quants: [q4_k_m]
 payloads:
@@ -199,7 +200,8 @@ def lane_ratio(a) -> None:
                         lab.write_text(sshd.lab_yaml("board", f"    exec_prefix: [{sleeper}]\n").replace(
                             f"{sshd.d}/device-workdir", f"{w}/board"))
                         r = w / "r.yaml"
-                        r.write_text(LANE_RECIPE.format(i=i, gen=a.gen, t=t, reps=a.reps))
+                        r.write_text(LANE_RECIPE.format(i=i, gen=a.gen, t=t, reps=a.reps,
+                                                        devices="local" if a.alone else "local, board"))
                         Orchestrator(r, lab, w / "lab", events=Events()).run()
                         rows = Ledger(w / "lab" / "ledger.sqlite").rows_frame()
                         loc = rows[(rows.device == "local") & (rows.metric == "decode_tps")]
@@ -210,7 +212,8 @@ def lane_ratio(a) -> None:
                 m, sd = statistics.mean(ratios), statistics.stdev(ratios)
                 from scipy import stats  # Student's t: the pairs are few
                 half = float(stats.t.ppf(0.975, len(ratios) - 1)) * sd / len(ratios) ** 0.5
-                print(f"threads={t}: lab run beside a busy lane ÷ bare decode = {m:.3f}, 95 % CI "
+                beside = "alone (no other lane)" if a.alone else "beside a busy lane"
+                print(f"threads={t}: lab run {beside} ÷ bare decode = {m:.3f}, 95 % CI "
                       f"[{m - half:.3f}, {m + half:.3f}] over {len(ratios)} alternating pairs (pair sd {sd:.3f}); "
                       f"the board's lane was busy during {busy} of the {len(ratios)} local cells "
                       f"(tg{a.gen} × {a.reps} reps; goal ≥ 0.99)", flush=True)

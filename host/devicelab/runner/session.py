@@ -51,7 +51,8 @@ class DeviceSession:
     # ---------------------------------------------------------------- lifecycle
     def __enter__(self):
         try:
-            self._open()
+            with self.host.cpu.activity(f"{self.name} setup"):    # in every overlapping row's host_activity
+                self._open()
         except BaseException:
             self._stack.close()
             raise
