@@ -10,9 +10,11 @@ from .hashing import sha256_file
 from .transports.base import Transport
 
 
-def ensure(t: Transport) -> str:
+def ensure(t: Transport, send=None) -> str:
     """Push the kit; return its folder on the device. Its name is the hash of all scripts, so a
-    changed script gives a new folder and the old one is never half-updated."""
+    changed script gives a new folder and the old one is never half-updated. `send(path, sha, name)`
+    pushes one file (default push.ensure; a session passes its own, which waits its turn on the host)."""
+    send = send or (lambda p, sha, name: push.ensure(t, p, sha, name))
     src = paths.device_payloads_dir()
     files = sorted(p for p in src.iterdir() if p.suffix == ".sh")
     digest = hashlib.sha256(b"".join(p.name.encode() + sha256_file(p).encode() for p in files)).hexdigest()
@@ -21,7 +23,7 @@ def ensure(t: Transport) -> str:
         return kit
     t.mkdir(kit)
     for p in files:
-        dst = push.ensure(t, p, sha256_file(p), p.name)
+        dst = send(p, sha256_file(p), p.name)
         r = t.run(["cp", "-f", dst, posixpath.join(kit, p.name)])
         if r.rc != 0:
             raise OSError(f"could not install {p.name} on {t.name}: {r.stderr.strip()}")

@@ -83,7 +83,7 @@ class DeviceSession:
         self.t.connect()
         self._stack.callback(self.t.close)
         self.ev.lane(self.name, "device facts and kit")
-        self.kit = kitmod.ensure(self.t)
+        self.kit = kitmod.ensure(self.t, lambda p, sha, name: self.push(p, sha, name=name))
         self.facts = factsmod.collect(self.t, self.kit)
         self.baseline = self._idle_baseline()      # before a native build can warm the device
         tgt, warnings = target_for(self.t, d, self.facts)
