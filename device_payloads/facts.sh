@@ -1,7 +1,10 @@
 #!/bin/sh
 # devicelab device facts: key=value lines about the machine this runs on (Linux, Android, macOS).
-# usage: facts.sh [WORKDIR]
+# usage: facts.sh [WORKDIR] [ROOT]   (ROOT: prefix for /sys reads, as the sampler's; fixture trees in tests)
 wd=${1:-.}
+root=${2:-}
+[ "$root" = / ] && root=""
+android=
 kv() { printf '%s=%s\n' "$1" "$2"; }
 kv uname "$(uname -srm 2>/dev/null)"
 kv arch "$(uname -m 2>/dev/null)"
@@ -12,6 +15,7 @@ if command -v getprop >/dev/null 2>&1 && [ -n "$(getprop ro.build.version.releas
   kv android.manufacturer "$(getprop ro.product.manufacturer)"
   kv android.soc "$(getprop ro.soc.model) $(getprop ro.board.platform)"
   kv android.abi "$(getprop ro.product.cpu.abi)"
+  android=1
 elif [ -r /etc/os-release ]; then
   . /etc/os-release 2>/dev/null; kv os "${PRETTY_NAME:-$NAME}"
 elif command -v sw_vers >/dev/null 2>&1; then
@@ -45,6 +49,32 @@ if [ -r /proc/meminfo ]; then
   done < /proc/meminfo
 elif command -v sysctl >/dev/null 2>&1; then
   b=$(sysctl -n hw.memsize 2>/dev/null); [ -n "$b" ] && kv mem.total_kB $((b / 1024))
+fi
+# one app's memory budget (host/devicelab/budget.py reckons it): Android's own accounting of what the
+# low-memory killer can free, and its foreground threshold where the kernel exposes one
+if [ -n "$android" ] && command -v dumpsys >/dev/null 2>&1; then
+  kv mem.dumpsys_free "$(dumpsys meminfo 2>/dev/null | grep -m1 'Free RAM:')"
+fi
+lmk="$root/sys/module/lowmemorykiller/parameters/minfree"
+[ -r "$lmk" ] && kv mem.lmk_minfree "$(cat "$lmk")"
+if command -v vm_stat >/dev/null 2>&1; then
+  kv mem.vm_stat "$(vm_stat 2>/dev/null | tr '\n' ';')"
+  p=$(memory_pressure -Q 2>/dev/null | grep -m1 'free percentage' | tr -dc '0-9')
+  [ -n "$p" ] && kv mem.free_percent "$p"
+fi
+# battery full-charge capacity (energy per prompt as a share of it)
+for d in "$root"/sys/class/power_supply/*; do
+  t=""; { read -r t < "$d/type"; } 2>/dev/null
+  [ "$t" = Battery ] || continue
+  for k in energy_full charge_full voltage_now; do
+    v=""; { read -r v < "$d/$k"; } 2>/dev/null; [ -n "$v" ] && kv "battery.$k" "$v"
+  done
+  break
+done
+if command -v ioreg >/dev/null 2>&1; then
+  ioreg -rn AppleSmartBattery 2>/dev/null | while read -r k _ v; do
+    case $k in '"AppleRawMaxCapacity"') kv battery.max_mah "$v" ;; '"Voltage"') kv battery.mv "$v" ;; esac
+  done
 fi
 mkdir -p "$wd" 2>/dev/null
 free=""

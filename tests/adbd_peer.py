@@ -491,15 +491,16 @@ def free_port() -> int:
             return p
 
 
-def fake_dumpsys(peer: AdbdPeer, battery: Path, thermal: Path) -> Path:
+def fake_dumpsys(peer: AdbdPeer, battery: Path, thermal: Path, meminfo: Path | None = None) -> Path:
     """Android's dumpsys does not exist here: this stand-in answers from fixture files and logs every call,
     so the charging hygiene (unplug … reset) can be checked."""
     log = peer.d / "dumpsys.log"
     p = peer.d / "bin" / "dumpsys"
+    mem = f'  "meminfo ") cat {meminfo} ;;\n' if meminfo else ""
     p.write_text(
         f'#!/bin/sh\necho "$*" >> {log}\ncase "$1 $2" in\n'
         f'  "battery unplug"|"battery reset") ;;\n  "battery ") cat {battery} ;;\n'
-        f'  "thermalservice ") cat {thermal} ;;\nesac\n'
+        f'  "thermalservice ") cat {thermal} ;;\n{mem}esac\n'
     )
     p.chmod(p.stat().st_mode | stat.S_IEXEC)
     return log

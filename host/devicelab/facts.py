@@ -5,8 +5,8 @@ from __future__ import annotations
 from .transports.base import Transport
 
 
-def collect(t: Transport, kit_dir: str) -> dict:
-    r = t.run(["sh", f"{kit_dir}/facts.sh", t.workdir()], timeout=60)
+def collect(t: Transport, kit_dir: str, root: str = "/") -> dict:
+    r = t.run(["sh", f"{kit_dir}/facts.sh", t.workdir(), root], timeout=60)
     facts: dict = {"transport": type(t).__name__}
     for line in r.stdout.splitlines():
         k, sep, v = line.partition("=")

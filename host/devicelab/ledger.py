@@ -20,7 +20,7 @@ from typing import Iterable
 from .errors import DevicelabError
 from .schema import ROW_COLUMNS, Row
 
-REAL_COLUMNS = ("value", "stddev", "bpw", "temp_start_c", "temp_end_c")
+REAL_COLUMNS = ("value", "stddev", "bpw", "temp_start_c", "temp_end_c", "battery_wh")
 SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS runs (
   run_id TEXT PRIMARY KEY, recipe TEXT, recipe_sha TEXT, started_at TEXT, finished_at TEXT,
@@ -70,7 +70,7 @@ class Ledger:
                 if c not in have:
                     self.db.execute(
                         f"ALTER TABLE rows ADD COLUMN {c} "
-                        f"{'REAL' if c in ('value', 'stddev', 'bpw', 'temp_start_c', 'temp_end_c') else 'TEXT'}"
+                        f"{'REAL' if c in REAL_COLUMNS else 'TEXT'}"
                     )
         except sqlite3.DatabaseError as e:
             raise DevicelabError(
@@ -254,6 +254,7 @@ class Ledger:
             "n_params",
             "kv_bytes_per_token",
             "device_mem_bytes",
+            "ram_budget_bytes",
             "contention",
             "n_parallel",
         ):

@@ -53,6 +53,8 @@ def expand(recipe: Recipe, source_commit: str, model_sha: dict[str, str]) -> lis
                         ident = {"recipe": recipe.name, "device": dev, "model": m.name,
                                  "model_sha256": model_sha[m.name], "quant": q, "payload": p.kind,
                                  "params": params, "source_commit": source_commit}
+                        if m.imatrix is not None:      # its quants are other files
+                            ident["imatrix"] = m.imatrix.model_dump()
                         cells.append(Cell(recipe.name, dev, m.name, q, p.kind, params, cell_id(ident)))
         for p in recipe.payloads:
             kind = kinds.get(p.kind)

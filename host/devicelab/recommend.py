@@ -4,16 +4,19 @@ reason every other candidate lost. Works from the ledger or from an exported tab
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
+from . import budget as budgetmod
 from .models.gguf_info import kv_scale
 from .recipes import RecommendSpec
 from .schema import TOKEN_PHASES
 
 DEFAULT_OVERHEAD = 64 * 1024**2   # used only when no peak RSS was measured for the model (and said so)
+FLOAT_QUANTS = ("f32", "bf16", "f16")   # a model's unquantized files: the base of the relative quality bar
 
 
 @dataclass
@@ -36,6 +39,13 @@ class Candidate:
     energy_per_token: float | None
     accuracy: float | None = None
     devhost_kld: float | None = None
+    ram_budget_source: str | None = None
+    task_accuracy: dict = field(default_factory=dict)     # task -> accuracy (mean over its routes)
+    base_accuracy: dict = field(default_factory=dict)     # task -> the unquantized base's, same device
+    wh_per_prompt: float | None = None
+    prompt_shape: str | None = None                       # "pp512+tg128": the prompt wh_per_prompt is for
+    battery_per_1000: float | None = None                 # share of a full battery per 1,000 such prompts
+    energy_source: str | None = None                      # the power source and calibration, the capacity
     failures: list[str] = field(default_factory=list)
     verdict: str = ""
     on_frontier: bool = False
@@ -53,6 +63,8 @@ class DeviceRecommendation:
     spec: dict
     quality_axis: str = "kld_mean"
     knees: dict = field(default_factory=dict)       # model -> {"bpw": …, "from": quant, "to": quant, "jump": ×}
+    per_task: dict = field(default_factory=dict)    # task -> {"pick", "accuracy", "base_accuracy", "candidates"}
+    min_ram: list = field(default_factory=list)     # per model and quant: the smallest phone and laptop it fits
 
     @property
     def frontier(self) -> list[Candidate]:
@@ -62,7 +74,8 @@ class DeviceRecommendation:
         return {"device": self.device, "pick": asdict(self.pick) if self.pick else None,
                 "candidates": [asdict(c) for c in self.candidates], "constraints": self.spec,
                 "quality_axis": self.quality_axis,
-                "frontier": [f"{c.model} {c.quant}" for c in self.frontier], "bpw_knee": self.knees}
+                "frontier": [f"{c.model} {c.quant}" for c in self.frontier], "bpw_knee": self.knees,
+                "per_task": self.per_task, "min_ram": self.min_ram}
 
 
 def _num(x):
@@ -86,19 +99,96 @@ def _metric(df: pd.DataFrame, metric: str, how: str = "max", phase: str | None =
     return float(d.loc[i, "value"]), d.loc[i]
 
 
-def _mean_accuracy(g: pd.DataFrame) -> float | None:
-    """Task accuracy of a candidate: the mean over its tasks (one `test` each, whatever the route)."""
+def _task_accuracy(g: pd.DataFrame) -> dict[str, float]:
+    """A candidate's accuracy per task (one `test` each; the mean over the routes that ran it)."""
     d = g[(g["metric"] == "accuracy") & g["value"].notna()]
-    if d.empty:
-        return None
-    return float(d.groupby("test")["value"].mean().mean())
+    return {str(t): float(v) for t, v in d.groupby("test")["value"].mean().items()}
 
 
-def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
+def _col(first, name):
+    return first[name] if name in first.index else None
+
+
+def _energy(g: pd.DataFrame, threads, spec: RecommendSpec, first) -> dict:
+    """Energy of one prompt of the recipe's shape: prompt tokens × prefill J/token + generated tokens × decode
+    J/token (the median over the candidate's cells at its decode threads), in Wh; and its share of the device's
+    full battery per 1,000 prompts. Where the figures came from, in words."""
+    e = g[(g["metric"] == "energy_per_token") & g["value"].notna()]
+    if threads is not None and (e["threads"] == threads).any():
+        e = e[e["threads"] == threads]
+    notes = []
+
+    def per_token(phase: str, speed: str) -> float | None:
+        """J/token of a phase; a phase shorter than one sample has none: then the mean power of the cells
+        over the phase's measured speed."""
+        d = e[e["phase"] == phase]
+        if not d.empty:
+            return float(d["value"].median())
+        pw = g[(g["metric"] == "power_mean") & (g["phase"] == "cell") & g["value"].notna()]
+        tps, _ = _metric(g, speed)
+        if pw.empty or not tps:
+            return None
+        notes.append(f"{phase} from the cells' mean power over {phase} t/s (a phase shorter than one sample)")
+        return float(pw["value"].median()) / tps
+
+    pre, dec = per_token("prefill", "prefill_tps"), per_token("decode", "decode_tps")
+    if pre is None or dec is None:
+        return {}
+    t = g[g["phase"].isin(TOKEN_PHASES)]
+    n_p = spec.prompt_tokens or _num(pd.to_numeric(t[t["phase"] == "prefill"]["n_prompt"]).max())
+    n_g = spec.gen_tokens or _num(pd.to_numeric(t[t["phase"] == "decode"]["n_gen"]).max())
+    if not n_p or not n_g:
+        return {}
+    n_p, n_g = int(n_p), int(n_g)
+    wh = (n_p * pre + n_g * dec) / 3600
+    cal = {}
+    for v in g[g["metric"].isin(["energy_per_token", "power_mean"])]["energy_calibration"].dropna():
+        try:
+            cal = json.loads(v) if isinstance(v, str) else dict(v)
+        except (TypeError, ValueError):
+            continue
+        break
+    how = ", ".join(f"{k} {v}" for k, v in cal.items() if k in ("source", "current_unit", "current_sign",
+                                                                 "energy_from", "calibrated_by"))
+    how = "; ".join([how or "power source unnamed", *notes])
+    out = {"wh_per_prompt": wh, "prompt_shape": f"pp{n_p}+tg{n_g}", "energy_source": how}
+    cap = _num(_col(first, "battery_wh"))
+    if cap:
+        out["battery_per_1000"] = 1000 * wh / cap
+        out["energy_source"] += f"; battery {cap:.1f} Wh ({_col(first, 'battery_source')})"
+    return out
+
+
+def _judge_tasks(c: Candidate, spec: RecommendSpec, tasks) -> None:
+    """The absolute and the relative (against the model's unquantized base) accuracy bars, task by task."""
+    if spec.min_accuracy is not None:      # on the mean over the tasks (one task's, for a per-task pick)
+        if c.accuracy is None:
+            c.failures.append("no task accuracy measured")
+        elif c.accuracy < spec.min_accuracy:
+            c.failures.append(f"accuracy {c.accuracy:.1%} < {spec.min_accuracy:.1%}")
+    for task in tasks:
+        acc = c.task_accuracy.get(task)
+        if spec.max_accuracy_drop is None or c.quant in FLOAT_QUANTS:
+            continue
+        base = c.base_accuracy.get(task)
+        if acc is None:
+            c.failures.append(f"not judged on {task}: no accuracy measured for this quant")
+        elif base is None:
+            c.failures.append(f"not judged on {task}: the unquantized base ({'/'.join(FLOAT_QUANTS)}) was never "
+                              "measured on this task on this device: add f16 to the recipe's quants")
+        elif (base - acc) * 100 > spec.max_accuracy_drop:
+            c.failures.append(f"{task}: accuracy {acc:.1%} is {(base - acc) * 100:.1f} points below the base's "
+                              f"{base:.1%} (> {spec.max_accuracy_drop:g})")
+
+
+def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None) -> list[Candidate]:
+    """Every (device, model, quant) with its needs, measurements and the constraints it fails. With `task`, its
+    accuracy is that task's alone and only that task's bars apply (a per-task pick)."""
     out = []
     rows = rows[rows["model_bytes"].notna()]          # device-level rows (membw) are not candidates
     if rows.empty:
         return out
+    accs = {k: _task_accuracy(g) for k, g in rows.groupby(["device", "model", "quant"], sort=False)}
     for (device, model, quant), g in rows.groupby(["device", "model", "quant"], sort=False):
         first = g.iloc[0]
         mbytes = int(first["model_bytes"])
@@ -116,14 +206,23 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
             nctx = (cg["n_prompt"].fillna(0) + cg["n_gen"].fillna(0) + cg["n_depth"].fillna(0)).max()
             overheads.append(max(0.0, float(rss.max()) - mbytes - (kvpt or 0) * float(nctx)))
         overhead = int(max(overheads)) if overheads else None
-        budget_raw = _num(first["device_mem_bytes"])
-        budget = int(budget_raw * spec.ram_fraction) if budget_raw else None
+        budget, bsource = _num(_col(first, "ram_budget_bytes")), _col(first, "ram_budget_source")
+        if budget is None:          # rows recorded before devices reported their own budget
+            raw = _num(first["device_mem_bytes"])
+            budget = raw * spec.ram_fraction if raw else None
+            bsource = f"{spec.ram_fraction:.0%} of the device's RAM (rows recorded before memory budgets)"
+        budget = int(budget) if budget is not None else None
         dec, drow = _metric(g, "decode_tps")
         pre, _ = _metric(g, "prefill_tps")
         kld, _ = _metric(g, "kld_mean")
         ppl, _ = _metric(g, "ppl_ratio")
         ept, _ = _metric(g[g["phase"] == "decode"], "energy_per_token", how="min")
-        acc = _mean_accuracy(g)
+        tacc = accs[(device, model, quant)]
+        if task is not None:
+            tacc = {task: tacc[task]} if task in tacc else {}
+        acc = sum(tacc.values()) / len(tacc) if tacc else None
+        base = next((accs[(device, model, q)] for q in FLOAT_QUANTS if (device, model, q) in accs
+                     and accs[(device, model, q)]), {})
         dh, _ = _metric(g, "devhost_kld_mean")
         c = Candidate(
             device,
@@ -144,7 +243,13 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
             ept,
             acc,
             dh,
+            bsource,
+            tacc,
+            base,
         )
+        threads = c.decode_threads
+        for k, v in _energy(g, threads, spec, first).items():
+            setattr(c, k, v)
         ov = overhead if overhead is not None else DEFAULT_OVERHEAD
         c.ram_need = mbytes + (kv or 0) + ov
         mb = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
@@ -154,7 +259,7 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
             c.failures.append(
                 f"needs {mb(c.ram_need)} (weights {mb(mbytes)} + {spec.kv_cache_type} KV@{spec.context} "
                 f"{mb(kv or 0)} + "
-                f"runtime {mb(ov)}) > budget {mb(budget)}"
+                f"runtime {mb(ov)}) > budget {mb(budget)} ({bsource})"
             )
         if kld is None:
             c.failures.append("no KLD measured")
@@ -171,11 +276,9 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec) -> list[Candidate]:
                 f"the device's logits differ from the host's for this very file (KLD {dh:.4f} > "
                 f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device"
             )
-        if spec.min_accuracy is not None:
-            if acc is None:
-                c.failures.append("no task accuracy measured")
-            elif acc < spec.min_accuracy:
-                c.failures.append(f"accuracy {acc:.1%} < {spec.min_accuracy:.1%}")
+        tasks = [task] if task is not None else sorted({t for (d, m, _), a in accs.items() if d == device
+                                                        and m == model for t in a})
+        _judge_tasks(c, spec, tasks)
         if spec.max_energy_per_token is not None:
             if ept is None:
                 c.failures.append("energy per token not measurable on this device (no power source)")
@@ -219,6 +322,56 @@ def knee(cs: list[Candidate]) -> dict | None:
     return {"bpw": round(b.bpw, 3), "from": a.quant, "to": b.quant, "jump": round(j, 2)}
 
 
+def _choose(cs: list[Candidate], spec: RecommendSpec, axis: str) -> tuple[Candidate | None, int]:
+    """Mark the frontier, pick from the passing candidates that no other passing candidate dominates, and say
+    for every candidate why it was or was not picked."""
+    same = lambda o, c: axis == "accuracy" or o.model == c.model  # noqa: E731  KLD compares within a model
+    for c in cs:
+        c.on_frontier = not any(dominates(o, c, axis) for o in cs if o is not c and same(o, c))
+    ok = [c for c in cs if c.passes]
+    ok = [c for c in ok if not any(dominates(o, c, axis) for o in ok if o is not c and same(o, c))]
+    ok = sorted(ok, key=_rank_key(spec.prefer, axis))
+    pick = ok[0] if ok else None
+    for c in cs:
+        if c is pick:
+            c.verdict = f"picked: {spec.prefer} of {len(ok)} passing" + (f"; {c.verdict}" if c.verdict else "")
+        elif c.passes and not any(c is o for o in ok):
+            dom = next(o for o in cs if o.passes and dominates(o, c, axis) and same(o, c))
+            c.verdict = f"passes, but {dom.model} {dom.quant} is better on every axis"
+        elif c.passes:
+            c.verdict = {
+                "smallest": f"passes, but larger ({c.model_bytes / 1024**2:.0f} MiB vs "
+                f"{pick.model_bytes / 1024**2:.0f} MiB)",
+                "fastest": f"passes, but slower ({c.decode_tps:.1f} vs {pick.decode_tps:.1f} tok/s)",
+                "best_quality": (
+                    (
+                        f"passes, but less accurate ({c.accuracy:.1%} vs {pick.accuracy:.1%})"
+                        if c.accuracy != pick.accuracy
+                        else f"passes, same accuracy but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})"
+                    )
+                    if axis == "accuracy"
+                    else f"passes, but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})"
+                ),
+            }[spec.prefer]
+        else:
+            c.verdict = "; ".join(c.failures)
+    return pick, len(ok)
+
+
+def min_ram_table(cs: list[Candidate], spec: RecommendSpec) -> list[dict]:
+    """Per model and quant, the smallest phone and laptop it fits on at the recipe's context: its need
+    (weights + KV + the runtime overhead measured on this device) against budget.phone_rule and
+    ram_fraction × a laptop's RAM."""
+    out = []
+    for c in sorted(cs, key=lambda c: (c.model, -c.bpw)):
+        phone = next((g for g in budgetmod.TABLE_PHONES_GB if budgetmod.phone_rule(g) >= c.ram_need), None)
+        laptop = next((g for g in budgetmod.TABLE_LAPTOPS_GB
+                       if budgetmod.laptop_rule(g, spec.ram_fraction) >= c.ram_need), None)
+        out.append({"model": c.model, "quant": c.quant, "need_bytes": c.ram_need,
+                    "overhead_measured": c.overhead_measured, "phone_gb": phone, "laptop_gb": laptop})
+    return out
+
+
 def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendation]:
     recs = []
     cands = candidates(rows, spec)
@@ -228,44 +381,24 @@ def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendat
         # every candidate has it, else KLD (and say which)
         models = {c.model for c in cs}
         axis = "accuracy" if all(c.accuracy is not None for c in cs) and len(models) > 1 else "kld_mean"
-        for c in cs:
-            pool = cs if axis == "accuracy" else [x for x in cs if x.model == c.model]
-            c.on_frontier = not any(dominates(o, c, axis) for o in pool if o is not c)
-        # the pick comes from the passing candidates that no other passing candidate dominates
-        ok = [c for c in cs if c.passes]
-        ok = [
-            c
-            for c in ok
-            if not any(dominates(o, c, axis) for o in ok if o is not c and (axis == "accuracy" or o.model == c.model))
-        ]
-        ok = sorted(ok, key=_rank_key(spec.prefer, axis))
-        pick = ok[0] if ok else None
-        for c in cs:
-            if c is pick:
-                c.verdict = f"picked: {spec.prefer} of {len(ok)} passing" + (f"; {c.verdict}" if c.verdict else "")
-            elif c.passes and not any(c is o for o in ok):
-                dom = next(
-                    o for o in cs if o.passes and dominates(o, c, axis) and (axis == "accuracy" or o.model == c.model)
-                )
-                c.verdict = f"passes, but {dom.model} {dom.quant} is better on every axis"
-            elif c.passes:
-                why = {
-                    "smallest": f"passes, but larger ({c.model_bytes / 1024**2:.0f} MiB vs "
-                    f"{pick.model_bytes / 1024**2:.0f} MiB)",
-                    "fastest": f"passes, but slower ({c.decode_tps:.1f} vs {pick.decode_tps:.1f} tok/s)",
-                    "best_quality": (
-                        (
-                            f"passes, but less accurate ({c.accuracy:.1%} vs {pick.accuracy:.1%})"
-                            if c.accuracy != pick.accuracy
-                            else f"passes, same accuracy but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})"
-                        )
-                        if axis == "accuracy"
-                        else f"passes, but higher KLD ({c.kld_mean:.4f} vs {pick.kld_mean:.4f})"
-                    ),
-                }[spec.prefer]
-                c.verdict = why
-            else:
-                c.verdict = "; ".join(c.failures)
+        pick, _ = _choose(cs, spec, axis)
+        # several tasks: a pick per task as well (an easy task can ship a smaller file)
+        tasks = sorted({t for c in cs for t in c.task_accuracy})
+        per_task = {}
+        if len(tasks) > 1:
+            drows = rows[rows["device"] == device]
+            for task in tasks:
+                tcs = [c for c in candidates(drows, spec, task) if c.accuracy is not None]
+                tpick, n_ok = _choose(tcs, spec, "accuracy")
+                per_task[task] = {
+                    "pick": f"{tpick.model} {tpick.quant}" if tpick else None,
+                    "accuracy": tpick.accuracy if tpick else None,
+                    "base_accuracy": tpick.base_accuracy.get(task) if tpick else None,
+                    "passing": n_ok,
+                    "candidates": [{"model": c.model, "quant": c.quant, "accuracy": c.accuracy,
+                                    "base_accuracy": c.base_accuracy.get(task), "verdict": c.verdict}
+                                   for c in sorted(tcs, key=lambda c: (c.model, -c.bpw))],
+                }
         knees = {m: knee([c for c in cs if c.model == m]) for m in models}
         recs.append(
             DeviceRecommendation(
@@ -275,6 +408,34 @@ def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendat
                 spec.model_dump(),
                 axis,
                 {m: k for m, k in knees.items() if k},
+                per_task,
+                min_ram_table(cs, spec),
             )
         )
     return recs
+
+
+def pick_lines(r: DeviceRecommendation) -> list[str]:
+    """The pick's RAM line (budget, its source, the need), its energy per prompt, the per-task picks."""
+    out, c = [], r.pick or (r.candidates[0] if r.candidates else None)
+    if c is None:
+        return out
+    mib = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
+    if c.ram_budget is not None:
+        out.append(f"RAM: {c.model} {c.quant} needs {mib(c.ram_need)} (weights {mib(c.model_bytes)} + KV "
+                   f"{mib(c.kv_bytes or 0)} + runtime {mib(c.ram_need - c.model_bytes - (c.kv_bytes or 0))}"
+                   f"{'' if c.overhead_measured else ', assumed'}) of a budget of {mib(c.ram_budget)} "
+                   f"({c.ram_budget_source})")
+    if c.wh_per_prompt is not None:
+        share = f", {c.battery_per_1000:.1%} of the battery per 1,000 prompts" if c.battery_per_1000 else ""
+        out.append(f"energy: {c.wh_per_prompt * 1000:.3g} mWh per prompt ({c.prompt_shape}){share} "
+                   f"[{c.energy_source}]")
+    else:
+        out.append("energy: not measurable on this device (no power source)")
+    for task, t in r.per_task.items():
+        if t["pick"]:
+            base = f", base {t['base_accuracy']:.1%}" if t["base_accuracy"] is not None else ""
+            out.append(f"for {task} ship {t['pick']} (accuracy {t['accuracy']:.1%}{base})")
+        else:
+            out.append(f"for {task}: no quant meets the constraints")
+    return out

@@ -19,7 +19,7 @@ import pandas as pd  # noqa: E402
 from .analysis import findings, roofline  # noqa: E402
 from .models.gguf_info import kv_scale  # noqa: E402
 from .recipes import RecommendSpec  # noqa: E402
-from .recommend import recommend  # noqa: E402
+from .recommend import pick_lines, recommend  # noqa: E402
 from .tables import wide  # noqa: E402
 from .telemetry import normalize, sampler_csv  # noqa: E402
 
@@ -202,6 +202,8 @@ def build(
                     "mean KLD": c.kld_mean,
                     "accuracy": c.accuracy,
                     "RAM need MiB": (c.ram_need or 0) / 1024**2,
+                    "mWh/prompt": c.wh_per_prompt * 1000 if c.wh_per_prompt is not None else None,
+                    "battery/1k prompts": c.battery_per_1000,
                     "frontier": "◆" if c.on_frontier else "",
                     "verdict": ("→ " if c is r.pick else "") + c.verdict,
                 }
@@ -219,9 +221,29 @@ def build(
                     "mean KLD": "{:.4f}".format,
                     "accuracy": "{:.1%}".format,
                     "RAM need MiB": "{:.0f}".format,
+                    "mWh/prompt": "{:.3g}".format,
+                    "battery/1k prompts": "{:.1%}".format,
                 },
             )
         )
+        parts.append("<ul class='why'>" + "".join(f"<li>{html.escape(x)}</li>" for x in pick_lines(r)) + "</ul>")
+        if r.per_task:
+            pt = pd.DataFrame([{"task": t, "ship": v["pick"] or "nothing passes", "accuracy": v["accuracy"],
+                                "base accuracy": v["base_accuracy"], "passing": v["passing"]}
+                               for t, v in r.per_task.items()])
+            parts.append("<p>Per task (an easy task can ship a smaller file):</p>")
+            parts.append(_table(pt, list(pt.columns), {"accuracy": "{:.1%}".format,
+                                                       "base accuracy": "{:.1%}".format}))
+        if r.min_ram:
+            mr = pd.DataFrame([{"model": m["model"], "quant": m["quant"], "needs MiB": m["need_bytes"] / 1024**2,
+                                "runtime measured": "yes" if m["overhead_measured"] else "assumed",
+                                "smallest phone": f"{m['phone_gb']} GB" if m["phone_gb"] else "> 16 GB",
+                                "smallest laptop": f"{m['laptop_gb']} GB" if m["laptop_gb"] else "> 64 GB"}
+                               for m in r.min_ram])
+            parts.append(f"<p id='min-ram'>Minimum RAM at a {int(r.spec['context'])}-token context (phones: "
+                         "5/8 of the RAM less 1.56 GiB for one app; laptops: "
+                         f"{r.spec['ram_fraction']:.0%} of the RAM):</p>")
+            parts.append(_table(mr, list(mr.columns), {"needs MiB": "{:.0f}".format}))
         kvrows = []
         for m in dict.fromkeys(c.model for c in r.candidates):
             g = rows[(rows.model == m) & rows.kv_bytes_per_token.notna()]

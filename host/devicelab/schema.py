@@ -55,7 +55,9 @@ ROW_COLUMNS = [
     "eval_route", "eval_engine", "governor",
     "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
     "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
+    "model_source", "imatrix",
     "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes",
+    "ram_budget_bytes", "ram_budget_source", "battery_wh", "battery_source",
     "temp_start_c", "temp_end_c", "throttled", "energy_calibration", "host_activity", "recorded_at",
 ]
 
@@ -98,7 +100,8 @@ class Row:
         d.update(base)
         d["unit"] = self.unit
         d["samples"] = json.dumps(self.samples) if self.samples is not None else None
-        for k in ("tensor_types", "build_flags", "device_facts", "energy_calibration", "host_activity"):
+        for k in ("tensor_types", "build_flags", "device_facts", "energy_calibration", "host_activity", "model_source",
+                  "imatrix"):
             if d.get(k) is not None and not isinstance(d[k], str):
                 d[k] = json.dumps(d[k], sort_keys=True)
         d.setdefault("recorded_at", None)

@@ -11,7 +11,8 @@ from .errors import DevicelabError
 # what a table of rows must have for results, recommend and report to read it
 NEEDED = ("device", "model", "quant", "metric", "value", "phase", "bpw", "model_bytes")
 NUMERIC = ("value", "stddev", "bpw", "model_bytes", "n_params", "kv_bytes_per_token", "device_mem_bytes",
-           "threads", "n_prompt", "n_gen", "n_depth", "ctx", "n", "n_parallel", "contention", "cpu_quota")
+           "ram_budget_bytes", "battery_wh", "threads", "n_prompt", "n_gen", "n_depth", "ctx", "n", "n_parallel",
+           "contention", "cpu_quota")
 
 
 def load(path: Path, recipe: str | None = None) -> pd.DataFrame:

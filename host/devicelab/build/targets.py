@@ -14,7 +14,8 @@ from pathlib import Path
 from ..errors import DevicelabError
 
 # the tools the lab runs; llama-completion is the non-interactive generator (llama-cli became a chat UI)
-TOOLS = ("llama-bench", "llama-perplexity", "llama-quantize", "llama-server", "llama-completion", "llama-batched-bench")
+TOOLS = ("llama-bench", "llama-perplexity", "llama-quantize", "llama-server", "llama-completion", "llama-batched-bench",
+         "llama-imatrix", "llama-export-lora", "llama-gguf-split")
 
 # what a device needs (quantizing and KLD base logits happen on the host): every tool a payload kind runs
 # there, so one build per target serves every recipe

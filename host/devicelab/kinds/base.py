@@ -118,6 +118,13 @@ class Kind:
     def parse(self, a: Artifacts) -> Parsed:
         raise NotImplementedError
 
+    def complete(self, run: str, out: RunOutput) -> bool:
+        """Whether a run that exited 0 printed all its results. llama.cpp's tools log through a worker thread
+        that the process does not wait for at exit (upstream issue 22142, in the pinned source): a fast run's
+        last lines can be lost. A kind whose results are in those lines says so here, and the cell runs it
+        again (a bounded number of times, recorded in the row's provenance)."""
+        return True
+
 
 REGISTRY: dict[str, Kind] = {}
 

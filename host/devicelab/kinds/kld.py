@@ -135,6 +135,10 @@ class KLD(Kind):
                                            kp)))
         return Prepared(runs)
 
+    def complete(self, run, out):
+        text = out.stdout + "\n" + out.stderr
+        return "KL divergence statistics" in text or "Mean    KLD" in text
+
     def parse(self, a: Artifacts) -> Parsed:
         kp = _params(a.params, a.facts)
         out = parse_kld(a.main.stdout + "\n" + a.main.stderr, kp)

@@ -82,6 +82,42 @@ def _field(reader, key, default=None):
         return default
 
 
+def split_parts(path: Path, count: int) -> list[Path]:
+    """A split GGUF's parts in order, from its first (`NAME-00001-of-0000N.gguf`); [path] when not split."""
+    import re
+    if count <= 1:
+        return [path]
+    m = re.match(r"^(.+)-00001-of-(\d{5})\.gguf$", path.name)
+    if not m:
+        raise DevicelabError(f"{path} is one part of a split GGUF ({count} parts): give its first part, "
+                             "NAME-00001-of-….gguf")
+    parts = [path.with_name(f"{m.group(1)}-{i:05d}-of-{m.group(2)}.gguf") for i in range(1, count + 1)]
+    missing = [p for p in parts if not p.exists()]
+    if missing:
+        raise DevicelabError(f"{missing[0]} is missing: a split GGUF needs all its parts in one folder")
+    return parts
+
+
+def all_parts(path: Path) -> list[Path]:
+    """The files a GGUF is made of: its parts when split, else itself."""
+    from gguf import GGUFReader
+    m = __import__("re").match(r"^.+-00001-of-(\d{5})\.gguf$", Path(path).name)
+    if not m:
+        return [Path(path)]
+    r = GGUFReader(str(path))
+    return split_parts(Path(path), _field(r, "split.count", 1) or 1)
+
+
+def content_sha256(path: Path) -> str:
+    """sha256 of a GGUF file; of a split one, over its parts' sha256s in order."""
+    from ..hashing import sha256_file
+    parts = all_parts(path)
+    if len(parts) == 1:
+        return sha256_file(parts[0])
+    import hashlib
+    return hashlib.sha256(" ".join(sha256_file(p) for p in parts).encode()).hexdigest()
+
+
 def read(path: Path) -> ModelInfo:
     from gguf import GGUFReader
 
@@ -96,12 +132,15 @@ def read(path: Path) -> ModelInfo:
     a = lambda k: _field(r, f"{arch}.{k}")  # noqa: E731
     counts, tbytes, tparams = Counter(), Counter(), Counter()
     n_params = 0
-    for t in r.tensors:
-        ty = t.tensor_type.name
-        counts[ty] += 1
-        tbytes[ty] += int(t.n_bytes)
-        tparams[ty] += int(t.n_elements)
-        n_params += int(t.n_elements)
+    parts = split_parts(path, _field(r, "split.count", 1) or 1)
+    size = sum(p.stat().st_size for p in parts)
+    for rr in [r] + [GGUFReader(str(p)) for p in parts[1:]]:
+        for t in rr.tensors:
+            ty = t.tensor_type.name
+            counts[ty] += 1
+            tbytes[ty] += int(t.n_bytes)
+            tparams[ty] += int(t.n_elements)
+            n_params += int(t.n_elements)
     n_head = a("attention.head_count")
     n_embd = a("embedding_length")
     n_head_kv = a("attention.head_count_kv")
@@ -116,7 +155,7 @@ def read(path: Path) -> ModelInfo:
         toks = r.fields.get("tokenizer.ggml.tokens")
         vocab = len(toks.data) if toks is not None else None
     return ModelInfo(
-        path=str(path), bytes=path.stat().st_size, arch=arch, name=str(_field(r, "general.name", path.stem)),
+        path=str(path), bytes=size, arch=arch, name=str(_field(r, "general.name", path.stem)),
         n_params=n_params, file_type=_field(r, "general.file_type"), n_layer=a("block_count"),
         n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=hdk, head_dim_v=hdv,
         n_ctx_train=a("context_length"), n_vocab=vocab,

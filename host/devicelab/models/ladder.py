@@ -3,6 +3,7 @@ base's sha256. Each file gets a manifest (bytes, sha256, bits per weight, the re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import time
@@ -24,7 +25,11 @@ QUANT_TYPES = {
     "q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S", "q4_1": "Q4_1", "q4_0": "Q4_0", "iq4_nl": "IQ4_NL", "iq4_xs": "IQ4_XS",
     "q3_k_l": "Q3_K_L", "q3_k_m": "Q3_K_M", "q3_k_s": "Q3_K_S",
     "q2_k": "Q2_K",
+    # i-quants: made with an importance matrix (a recipe model's `imatrix:`)
+    "iq3_m": "IQ3_M", "iq3_s": "IQ3_S", "iq3_xs": "IQ3_XS", "iq3_xxs": "IQ3_XXS",
+    "iq2_m": "IQ2_M", "iq2_s": "IQ2_S", "iq2_xs": "IQ2_XS", "iq2_xxs": "IQ2_XXS", "iq1_m": "IQ1_M", "iq1_s": "IQ1_S",
 }
+NEEDS_IMATRIX = {q for q in QUANT_TYPES if q.startswith("iq")}
 DEFAULT_LADDER = ["f16", "q8_0", "q5_k_m", "q5_0", "q4_k_m", "q4_0", "q3_k_m", "q2_k"]
 FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}   # general.file_type values of unquantized files
 
@@ -79,7 +84,8 @@ class Ladder:
         self.source = Path(source)
         self.quantize = Path(quantize_bin)
         self.build_provenance = build_provenance or {}
-        self.source_sha = sha256_file(self.source)
+        self.source_sha = gguf_info.content_sha256(self.source)
+        self.split = len(gguf_info.all_parts(self.source)) > 1
         self.dir = paths.sub("models") / model_name / self.source_sha[:12]
         self.dir.mkdir(parents=True, exist_ok=True)
         self._source_info = None
@@ -89,8 +95,9 @@ class Ladder:
             self._source_info = gguf_info.read(self.source)
         return self._source_info
 
-    def path_for(self, quant: str) -> Path:
-        return self.dir / f"{self.model_name}-{quant}.gguf"
+    def path_for(self, quant: str, imatrix: "Imatrix | None" = None) -> Path:
+        tag = f"-imat{imatrix.key[:8]}" if imatrix else ""
+        return self.dir / f"{self.model_name}-{quant}{tag}.gguf"
 
     def _need_disk(self, nbytes: int) -> None:
         free = shutil.disk_usage(self.dir).free
@@ -109,7 +116,7 @@ class Ladder:
             return hit
         info = self.source_info()
         log = log or self.dir / "quantize.log"
-        if info.file_type in FLOAT_FILE_TYPES:
+        if info.file_type in FLOAT_FILE_TYPES and not self.split:
             out.unlink(missing_ok=True)
             try:
                 out.hardlink_to(self.source)
@@ -127,6 +134,14 @@ class Ladder:
             )
         self._need_disk(info.n_params * 2)
         tmp = out.with_suffix(".tmp.gguf")
+        if info.file_type in FLOAT_FILE_TYPES:        # a split float file: joined into one, its own type
+            run_logged([self.quantize, self.source, tmp, FLOAT_FILE_TYPES[info.file_type].upper()], log,
+                       what=f"llama-quantize {self.model_name} → one {FLOAT_FILE_TYPES[info.file_type]} file")
+            tmp.rename(out)
+            return _finish("base", out, {"base_type": FLOAT_FILE_TYPES[info.file_type], "requantized_from": None,
+                                         "source": str(self.source), "source_sha256": self.source_sha,
+                                         "joined_from_parts": len(gguf_info.all_parts(self.source)),
+                                         **self.build_provenance})
         run_logged(
             [self.quantize, "--allow-requantize", self.source, tmp, "F16"],
             log,
@@ -150,18 +165,21 @@ class Ladder:
     def has_base(self) -> bool:
         return _cached(self.path_for("base")) is not None
 
-    def is_made(self, quant: str) -> bool:
+    def is_made(self, quant: str, imatrix: "Imatrix | None" = None) -> bool:
         """Whether the base and this quant are already in the cache (asking makes nothing)."""
         base = _cached(self.path_for("base"))
         return base is not None and (check_quant(quant) == base.manifest.get("base_type")
-                                     or _cached(self.path_for(check_quant(quant))) is not None)
+                                     or _cached(self.path_for(check_quant(quant), imatrix)) is not None)
 
-    def quant(self, quant: str, threads: int | None = None, imatrix: Path | None = None) -> QuantFile:
+    def quant(self, quant: str, threads: int | None = None, imatrix: "Imatrix | None" = None) -> QuantFile:
         quant = check_quant(quant)
+        if quant in NEEDS_IMATRIX and imatrix is None:
+            raise DevicelabError(f"{quant} is an i-quant: it is made with an importance matrix; give the model an "
+                                 "`imatrix:` in the recipe")
         base = self.base()
         if quant == base.manifest.get("base_type"):
             return QuantFile(quant, base.path, base.sha256, {**base.manifest, "quant": quant})
-        out = self.path_for(quant)
+        out = self.path_for(quant, imatrix)
         hit = _cached(out)
         if hit:
             return hit
@@ -169,7 +187,7 @@ class Ladder:
         tmp = out.with_suffix(".tmp.gguf")
         argv = [str(self.quantize)]
         if imatrix:
-            argv += ["--imatrix", str(imatrix)]
+            argv += ["--imatrix", str(imatrix.path)]
         argv += [str(base.path), str(tmp), QUANT_TYPES[quant]]
         if threads:
             argv.append(str(threads))
@@ -183,15 +201,51 @@ class Ladder:
                 "base_sha256": base.sha256,
                 "quantize_argv": argv[1:],
                 "quantize_seconds": round(time.time() - t0, 2),
-                "imatrix": str(imatrix) if imatrix else None,
+                "imatrix": str(imatrix.path) if imatrix else None,
+                "imatrix_from": imatrix.provenance() if imatrix else None,
                 **self.build_provenance,
             },
         )
 
-    def make(self, quants: list[str], progress: Callable[[str], None] | None = None) -> dict[str, QuantFile]:
+    def make(self, quants: list[str], progress: Callable[[str], None] | None = None,
+             imatrix: "Imatrix | None" = None) -> dict[str, QuantFile]:
         out = {}
         for q in quants:
             if progress:
                 progress(q)
-            out[q] = self.quant(q)
+            out[q] = self.quant(q, imatrix=imatrix)
         return out
+
+    def imatrix(self, tool: Path, text: Path, chunks: int, ctx: int, threads: int | None = None) -> "Imatrix":
+        """The base's importance matrix over a calibration text (llama-imatrix), cached by base, text, chunks
+        and context."""
+        base = self.base()
+        text_sha = sha256_file(text)
+        key = hashlib.sha256(f"{base.sha256} {text_sha} {chunks} {ctx}".encode()).hexdigest()
+        out = self.dir / "imatrix" / f"{key[:16]}.gguf"
+        im = Imatrix(out, key, text.name, text_sha, chunks, ctx)
+        if out.exists():
+            return im
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp.gguf")
+        argv = [str(tool), "-m", str(base.path), "-f", str(text), "-o", str(tmp), "--chunks", str(chunks),
+                "-c", str(ctx), "--no-ppl"]
+        if threads:
+            argv += ["-t", str(threads)]
+        run_logged(argv, self.dir / "imatrix.log", what=f"llama-imatrix {self.model_name}")
+        tmp.rename(out)
+        return im
+
+
+@dataclass(frozen=True)
+class Imatrix:
+    path: Path
+    key: str
+    text: str
+    text_sha256: str
+    chunks: int
+    ctx: int
+
+    def provenance(self) -> dict:
+        return {"text": self.text, "text_sha256": self.text_sha256, "chunks": self.chunks, "ctx": self.ctx,
+                "key": self.key[:16]}

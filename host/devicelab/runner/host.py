@@ -20,7 +20,7 @@ from ..build import targets
 from ..errors import DevicelabError
 from ..hashing import sha256_file
 from ..kinds import kld as kldk
-from ..models import store
+from ..models import convert, gguf_info, store
 from ..models.ladder import Ladder
 from ..proc import run_logged
 
@@ -115,8 +115,11 @@ class HostCPUs:
 class HostWork:
     """What every lane shares; thread-safe, each piece made once per key."""
 
-    def __init__(self, source_spec: str | None, models: dict[str, str], recipe_dir: Path, events, jobs=None):
+    def __init__(self, source_spec: str | None, models: dict[str, str], recipe_dir: Path, events, jobs=None,
+                 imatrix: dict | None = None, lora: dict | None = None):
         self.source_spec, self.model_specs, self.recipe_dir = source_spec, models, recipe_dir
+        self.imatrix_specs = imatrix or {}          # model -> recipes.ImatrixSpec
+        self.lora_specs = lora or {}                # model -> a LoRA adapter source
         self.ev, self.jobs = events, jobs
         self.cpu = HostCPUs()
         self._locks: dict = {}
@@ -140,11 +143,29 @@ class HostWork:
     def src(self) -> sourcemod.Source:
         return self.once("source", lambda: sourcemod.resolve(self.source_spec))
 
+    def model_source(self, name: str) -> store.ModelSource:
+        def make():
+            with self.cpu.work(f"model {name}"):     # a conversion or a download: host work
+                ms = store.resolve_model(self.model_specs[name], self.src)
+            lora = self.lora_specs.get(name)
+            if not lora:
+                return ms
+            if ms.checkpoint is None:
+                raise DevicelabError(f"model {name}: a LoRA adapter goes on a safetensors checkpoint (a Hugging Face "
+                                     "folder or an hf: repo of one), not on a GGUF file")
+            folder, prov = store.resolve_adapter(lora)
+            with self.cpu.work(f"LoRA into {name}"):
+                self.ev.stage(f"merging the LoRA adapter {folder.name} into {name}")
+                merged = convert.merge_lora(ms.path, convert.lora_to_gguf(folder, ms.checkpoint, self.src),
+                                            self.host_build().tool("llama-export-lora"))
+            return store.ModelSource(merged, {**ms.provenance, "lora": prov}, ms.checkpoint)
+        return self.once(("model", name), make)
+
     def model_path(self, name: str) -> Path:
-        return self.once(("model", name), lambda: store.resolve(self.model_specs[name]))
+        return self.model_source(name).path
 
     def model_sha(self, name: str) -> str:
-        return self.once(("model-sha", name), lambda: sha256_file(self.model_path(name)))
+        return self.once(("model-sha", name), lambda: gguf_info.content_sha256(self.model_path(name)))
 
     def resolve_text(self, spec: str, what: str = "perplexity text") -> Path:
         return resolve_text(spec, self.src, self.recipe_dir, what)
@@ -178,14 +199,30 @@ class HostWork:
             return Ladder(model, self.model_path(model), hb.tool("llama-quantize"), {"quantized_with_build": hb.key})
         return self.once(("ladder", model), make)
 
-    def quant(self, model: str, quant: str):
+    def imatrix(self, model: str):
+        """The model's importance matrix (once; None when the recipe gives it none)."""
+        spec = self.imatrix_specs.get(model)
+        if spec is None:
+            return None
         lad = self.ladder(model)
 
         def make():
-            if lad.is_made(quant):
-                return lad.quant(quant)
+            text = self.resolve_text(spec.text, "imatrix calibration text")
+            self.base(model)
+            with self.cpu.work(f"imatrix {model}"):
+                self.ev.stage(f"importance matrix of {model} ({spec.chunks} chunks of {spec.ctx} from {text.name})")
+                return lad.imatrix(self.host_build().tool("llama-imatrix"), text, spec.chunks, spec.ctx)
+        return self.once(("imatrix", model), make)
+
+    def quant(self, model: str, quant: str):
+        lad = self.ladder(model)
+        im = self.imatrix(model)
+
+        def make():
+            if lad.is_made(quant, im):
+                return lad.quant(quant, imatrix=im)
             with self.cpu.work(f"quantize {model} {quant}"):
-                return lad.quant(quant)
+                return lad.quant(quant, imatrix=im)
         with self._lock(("ladder-ops", model)):      # base and quants of one model share files
             return self.once(("quant", model, quant), make)
 

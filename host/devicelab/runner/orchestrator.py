@@ -136,7 +136,8 @@ class Orchestrator:
         t0 = time.time()
         r = self.recipe
         host = self.host = HostWork(self.source_spec, {m.name: m.source for m in r.models}, self.recipe_dir, self.ev,
-                                    self.jobs)
+                                    self.jobs, imatrix={m.name: m.imatrix for m in r.models if m.imatrix},
+                                    lora={m.name: m.lora for m in r.models if m.lora})
         shas = {m.name: host.model_sha(m.name) for m in r.models}
         cells = expand(r, host.src.commit, shas)
         self.ledger.register(cells)

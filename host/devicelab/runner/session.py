@@ -9,6 +9,7 @@ import posixpath
 import time
 from contextlib import ExitStack
 
+from .. import budget as budgetmod
 from .. import facts as factsmod
 from .. import kit as kitmod
 from .. import push
@@ -40,6 +41,9 @@ class DeviceSession:
         self.kit = ""
         self.facts: dict = {}
         self.baseline: float | None = None
+        self.budget = budgetmod.Budget(None, "unknown", "")
+        self.battery_wh: float | None = None
+        self.battery_source = ""
         self.build = None
         self.snap_tools: set[str] = set()
         self.powermetrics = ""
@@ -84,7 +88,9 @@ class DeviceSession:
         self._stack.callback(self.t.close)
         self.ev.lane(self.name, "device facts and kit")
         self.kit = kitmod.ensure(self.t, lambda p, sha, name: self.push(p, sha, name=name))
-        self.facts = factsmod.collect(self.t, self.kit)
+        self.facts = factsmod.collect(self.t, self.kit, d.telemetry_root)
+        self.budget = self._memory_budget()
+        self.battery_wh, self.battery_source = budgetmod.battery(self.facts)
         self.baseline = self._idle_baseline()      # before a native build can warm the device
         tgt, warnings = target_for(self.t, d, self.facts)
         for w in warnings:
@@ -179,6 +185,22 @@ class DeviceSession:
                           f"{(time.time() - fresh['at']) / 60:.0f} min ago (now "
                           + (f"{now:.1f} °C)" if now is not None else "unreadable)"))
             return fresh["c"]
+        return now
+
+    def _memory_budget(self) -> budgetmod.Budget:
+        """One app's memory budget, measured now at first contact; like the idle baseline, a more generous
+        reading of it from the last hours (the device idler then) is kept in the ledger and used instead."""
+        now = budgetmod.from_facts(self.facts, self.device.ram_budget_bytes)
+        if self.device.ram_budget_bytes or now.bytes is None:
+            return now
+        old = self.ledger.device_fact(self.name, "ram-budget")
+        fresh = (old if old and time.time() - old.get("at", 0) < BASELINE_MAX_AGE_S and old.get("source") == now.source
+                 else None)
+        if fresh and fresh["bytes"] > now.bytes:
+            return budgetmod.Budget(fresh["bytes"], fresh["source"],
+                                    f"{fresh['detail']}, {(time.time() - fresh['at']) / 60:.0f} min ago "
+                                    f"(now {budgetmod.gib(now.bytes)})")
+        self.ledger.set_device_fact(self.name, "ram-budget", {**now.to_json(), "at": time.time()})
         return now
 
     def cooldown(self) -> Row:
