@@ -122,3 +122,15 @@ def test_model_info_and_ladder_take_hf_sources(cache, tmp_path):
     p = devicelab("model", "info", f"hf:{REPO_ID}:Q5_K_M", env=env)
     assert p.returncode != 0 and "Traceback" not in p.stderr
     assert len([ln for ln in p.stderr.splitlines() if ln.strip()]) == 1 and "hf download" in p.stderr
+
+
+def test_a_published_quant_is_measured_as_published(offline, host_build):
+    """hf:REPO:Q4_1 with q4_1 in the ladder: that very file (its sha256), not a requantization of a base."""
+    from devicelab.hashing import sha256_file
+    from devicelab.models.ladder import Ladder
+    r = hub.resolve(f"hf:{REPO_ID}:Q4_1")
+    lad = Ladder("hub-smollm2", r.files[0], host_build.tool("llama-quantize"))
+    q = lad.quant("q4_1")
+    assert q.sha256 == sha256_file(r.files[0]) and q.manifest["as_published"]
+    q8 = lad.quant("q8_0")               # another quant is made from the base, as before
+    assert "as_published" not in q8.manifest and q8.manifest["base_sha256"] == lad.base().sha256

@@ -34,6 +34,13 @@ DEFAULT_LADDER = ["f16", "q8_0", "q5_k_m", "q5_0", "q4_k_m", "q4_0", "q3_k_m", "
 FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}   # general.file_type values of unquantized files
 
 
+def _file_type(quant: str) -> int | None:
+    """general.file_type (llama_ftype) of a file quantized to `quant`."""
+    import gguf
+    m = getattr(gguf.LlamaFileType, f"MOSTLY_{QUANT_TYPES[quant]}", None)
+    return int(m) if m is not None else None
+
+
 def check_quant(name: str) -> str:
     q = name.lower()
     if q not in QUANT_TYPES:
@@ -119,9 +126,9 @@ class Ladder:
         if info.file_type in FLOAT_FILE_TYPES and not self.split:
             out.unlink(missing_ok=True)
             try:
-                out.hardlink_to(self.source)
+                out.hardlink_to(self.source.resolve())
             except OSError:
-                shutil.copyfile(self.source, out)
+                shutil.copyfile(self.source.resolve(), out)
             return _finish(
                 "base",
                 out,
@@ -183,6 +190,16 @@ class Ladder:
         hit = _cached(out)
         if hit:
             return hit
+        if imatrix is None and not self.split and self.source_info().file_type == _file_type(quant):
+            # the source is already this quant (a published GGUF of a repo): measured as published, not
+            # requantized from a base made of it
+            out.unlink(missing_ok=True)
+            try:
+                out.hardlink_to(self.source.resolve())
+            except OSError:
+                shutil.copyfile(self.source.resolve(), out)
+            return _finish(quant, out, {"as_published": True, "source": str(self.source),
+                                        "source_sha256": self.source_sha})
         self._need_disk(base.manifest["bytes"])
         tmp = out.with_suffix(".tmp.gguf")
         argv = [str(self.quantize)]
