@@ -90,3 +90,38 @@ def test_a_tokenizer_the_converter_refuses_is_one_line(tiny, tmp_path):
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1, p.stderr
     assert "cannot take this checkpoint" in lines[0] and "BPE pre-tokenizer was not recognized" in lines[0]
+
+
+def test_a_checkpoint_and_an_adapter_from_the_hub_cache(tiny, tmp_path, host_build):
+    """hf: repos of safetensors (a checkpoint, a LoRA adapter) resolved offline from a cache laid out as
+    huggingface_hub lays it out (the hub cannot be reached here), converted; the commit in the provenance."""
+    from huggingface_hub.file_download import repo_folder_name
+    from test_hub import _put
+
+    from devicelab.models import store
+    d, text, ck, lora = tiny
+    root = tmp_path / "hub"
+    commit = "3" * 40
+    for repo, folder in (("devicelab-test/tiny-llama", ck), ("devicelab-test/tiny-lora", lora)):
+        storage = root / repo_folder_name(repo_id=repo, repo_type="model")
+        for f in folder.iterdir():
+            _put(storage, commit, f.name, f)
+        (storage / "refs").mkdir(parents=True, exist_ok=True)
+        (storage / "refs" / "main").write_text(commit)
+    env = {"HF_HUB_CACHE": str(root), "HF_HUB_OFFLINE": "1"}
+    p = devicelab("model", "info", "hf:devicelab-test/tiny-llama", "--json", env=env)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["arch"] == "llama"
+    import huggingface_hub.constants as c
+    old = c.HF_HUB_CACHE, c.HF_HUB_OFFLINE
+    c.HF_HUB_CACHE, c.HF_HUB_OFFLINE = str(root), True
+    try:
+        ms = store.resolve_model("hf:devicelab-test/tiny-llama")
+        folder, prov = store.resolve_adapter("hf:devicelab-test/tiny-lora")
+    finally:
+        c.HF_HUB_CACHE, c.HF_HUB_OFFLINE = old
+    assert ms.provenance["kind"] == "hf-checkpoint" and ms.provenance["commit"] == commit
+    assert ms.checkpoint.name == commit and (folder / "adapter_config.json").exists() and prov["commit"] == commit
+    # the same content as the local folder: converted once, the same GGUF
+    assert ms.path == store.resolve_model(str(ck)).path
+

@@ -28,6 +28,8 @@ def content_key(folder: Path) -> tuple[str, dict]:
     files = {}
     for pat in CONTENT:
         for f in sorted(folder.glob(pat)):
+            if f.name.endswith(".sha256.json"):          # our own hash memo, not the checkpoint's
+                continue
             blob = f.resolve()
             named = blob.name if f.is_symlink() and re.fullmatch(r"[0-9a-f]{64}", blob.name) else None
             files[f.name] = named or sha256_file(f)
@@ -77,8 +79,9 @@ def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None,
     out_dir = paths.sub("models") / "converted" / key[:16]
     out = out_dir / f"{_name(folder)}-{outtype}.gguf"
     manifest = out.with_name(out.name + ".convert.json")
-    if out.exists() and manifest.exists():
-        return out
+    for done in sorted(out_dir.glob(f"*-{outtype}.gguf.convert.json")):   # the same content, under any name
+        if done.with_name(done.name[: -len(".convert.json")]).exists():
+            return done.with_name(done.name[: -len(".convert.json")])
     check_extra()
     script = src.path / "convert_hf_to_gguf.py"
     if not script.exists():
