@@ -17,6 +17,8 @@ rm -f "$fifo"; mkfifo "$fifo" || exit 125
 # optional resource conditions, recorded by the host in the cell's provenance:
 #   DEVICELAB_CGROUP=DIR     run the payload inside this cgroup (CPU quota; made by cgroup.sh)
 #   DEVICELAB_CONTENTION=N   N busy-looping shells co-run with the payload
+#   DEVICELAB_NVIDIA_SMI=1   NVIDIA GPUs: nvidia-smi's power, memory, utilisation, temperature, SM clock and
+#                            throttle reasons beside the payload at the sampler's interval, into nvidia-smi.csv
 #   DEVICELAB_POWERMETRICS=root|sudo   macOS: powermetrics (the SoC's CPU/GPU/ANE energy, thermal pressure,
 #                            cluster clocks) beside the payload into powermetrics.plist, as root or by `sudo -n`
 spins=""
@@ -34,6 +36,12 @@ case ${DEVICELAB_POWERMETRICS:-} in
       > /dev/null 2> "$outdir/powermetrics.err" &
     pm=$! ;;
 esac
+nv=""
+if [ "${DEVICELAB_NVIDIA_SMI:-}" = 1 ] && command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=timestamp,index,name,power.draw,memory.used,utilization.gpu,temperature.gpu,clocks.sm,clocks_throttle_reasons.active \
+    --format=csv,nounits -lms "$interval" > "$outdir/nvidia-smi.csv" 2> /dev/null &
+  nv=$!
+fi
 { echo "start_s=$(now)"; echo "start_epoch=$(date +%s)"; } > "$outdir/clock"
 if [ -n "${DEVICELAB_CGROUP:-}" ]; then
   procs="$DEVICELAB_CGROUP/cgroup.procs"; [ -e "$procs" ] || procs="$DEVICELAB_CGROUP/tasks"
@@ -62,6 +70,7 @@ if [ -n "$pm" ]; then
   n=0; while kill -0 "$pm" 2>/dev/null && [ "$n" -lt 50 ]; do sleep 0.1; n=$((n + 1)); done
   kill -9 "$pm" 2>/dev/null; wait "$pm" 2>/dev/null
 fi
+[ -n "$nv" ] && { kill "$nv" 2>/dev/null; wait "$nv" 2>/dev/null; }
 { echo "end_s=$(now)"; echo "end_epoch=$(date +%s)"; } >> "$outdir/clock"
 echo "$rc" > "$outdir/exit_code"
 rm -f "$fifo"

@@ -120,6 +120,24 @@ word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_
       add "$f"
     done
   done
+  # GPUs: Adreno (kgsl: clock Hz, busy/total since the last read, temperature), devfreq GPUs (Mali and
+  # others: the clock in Hz), Tegra/Jetson (load in per mille)
+  for g in "$root"/sys/class/kgsl/kgsl-3d0; do
+    [ -d "$g" ] || continue
+    meta "gpu ${g#"$root"/} type=kgsl"
+    add "$g/gpuclk" "$g/gpubusy"; adds "$g/temp"
+  done
+  for g in "$root"/sys/class/devfreq/*; do
+    case ${g##*/} in *gpu*|*mali*|*kgsl*|*sgx*|*pvr*) ;; *) continue ;; esac
+    [ -r "$g/cur_freq" ] || continue
+    meta "gpu ${g#"$root"/} type=devfreq"
+    add "$g/cur_freq"
+  done
+  for g in "$root"/sys/devices/gpu.0 "$root"/sys/devices/platform/gpu.0 "$root"/sys/devices/platform/*.gpu; do
+    [ -r "$g/load" ] || continue
+    meta "gpu ${g#"$root"/} type=tegra"
+    add "$g/load"
+  done
   for r in "$root"/sys/class/powercap/intel-rapl:* "$root"/sys/class/powercap/intel-rapl/intel-rapl:*; do
     [ -r "$r/energy_uj" ] || continue
     n=""; mx=""; { read -r n < "$r/name"; } 2>/dev/null; { read -r mx < "$r/max_energy_range_uj"; } 2>/dev/null

@@ -555,7 +555,7 @@ def _print_recs(rows, spec, as_json=False):
         return
     for r in recs:
         head = (
-            f"[bold green]{r.device}: ship {r.pick.model} {r.pick.quant}[/] "
+            f"[bold green]{r.device}: ship {escape(r.pick.label)}[/] "
             f"({r.pick.bpw:.2f} bits/w, {r.pick.model_bytes / 1024**2:.0f} MiB, "
             f"decode {_fmt(r.pick.decode_tps, '{:.1f}')} tok/s, KLD {_fmt(r.pick.kld_mean, '{:.4f}')})"
             if r.pick
@@ -574,7 +574,9 @@ def _print_recs(rows, spec, as_json=False):
             mark = "→" if c is r.pick else ("✓" if c.passes else "✗")
             front = "◆" if c.on_frontier else " "
             acc = f" acc {c.accuracy:.1%}" if c.accuracy is not None else ""
-            console.print(f"  {mark}{front} {c.model} {c.quant:7s} {c.bpw:5.2f} b/w{acc}  {c.verdict}", markup=False)
+            be = f" {c.backend}" if c.multi_backend else ""
+            console.print(f"  {mark}{front} {c.model} {c.quant:7s}{be} {c.bpw:5.2f} b/w{acc}  {c.verdict}",
+                          markup=False)
         console.print(
             f"  ◆ = Pareto frontier of quality ({r.quality_axis}) × size × decode speed × energy", markup=False
         )

@@ -26,7 +26,8 @@ class Cell:
 
     def label(self) -> str:
         extra = kinds.get(self.payload).label(self.params) if self.payload in kinds.REGISTRY else ""
-        return f"{self.device} {self.model} {self.quant} {self.payload}" + (f" {extra}" if extra else "")
+        b = f" [{self.params['backend']}]" if self.params.get("backend") else ""
+        return f"{self.device} {self.model} {self.quant} {self.payload}{b}" + (f" {extra}" if extra else "")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -45,11 +46,15 @@ def expand(recipe: Recipe, source_commit: str, model_sha: dict[str, str]) -> lis
     for dev in recipe.devices:
         for m in recipe.models:
             for q in recipe.quants:
-                for p in recipe.payloads:
+                for p, b in [(p, b) for p in recipe.payloads for b in (recipe.backends or [None])]:
                     kind = kinds.get(p.kind)
                     if not kind.per_model:
                         continue
                     for params in kind.variants(p):
+                        if b is not None:          # a recipe without backends keeps the ids it always had
+                            if kind.where(params) == "host" and b != recipe.backends[0]:
+                                continue                   # runs on this host's llama.cpp: once
+                            params = {**params, "backend": b}
                         ident = {"recipe": recipe.name, "device": dev, "model": m.name,
                                  "model_sha256": model_sha[m.name], "quant": q, "payload": p.kind,
                                  "params": params, "source_commit": source_commit}

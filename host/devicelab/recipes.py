@@ -88,6 +88,9 @@ class Recipe(_Strict):
     payloads: list[Payload] = Field(min_length=1)
     recommend: RecommendSpec = RecommendSpec()
     telemetry: TelemetrySpec = TelemetrySpec()
+    # GPU backends as a measured axis: each device's cells once per backend (a backend a device cannot have is
+    # a skipped cell with the reason); unset, each device's default build (cpu; metal on a Mac)
+    backends: list[Literal["cpu", "vulkan", "opencl", "metal", "cuda"]] | None = Field(default=None, min_length=1)
 
     @field_validator("quants")
     @classmethod

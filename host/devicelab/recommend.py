@@ -40,6 +40,8 @@ class Candidate:
     accuracy: float | None = None
     devhost_kld: float | None = None
     ram_budget_source: str | None = None
+    backend: str = ""                                     # the llama.cpp backend it ran on ("" = not recorded)
+    multi_backend: bool = False                           # its device was measured on several backends
     task_accuracy: dict = field(default_factory=dict)     # task -> accuracy (mean over its routes)
     base_accuracy: dict = field(default_factory=dict)     # task -> the unquantized base's, same device
     wh_per_prompt: float | None = None
@@ -54,6 +56,10 @@ class Candidate:
     def passes(self) -> bool:
         return not self.failures
 
+    @property
+    def label(self) -> str:
+        return f"{self.model} {self.quant}" + (f" ({self.backend})" if self.multi_backend else "")
+
 
 @dataclass
 class DeviceRecommendation:
@@ -65,6 +71,7 @@ class DeviceRecommendation:
     knees: dict = field(default_factory=dict)       # model -> {"bpw": …, "from": quant, "to": quant, "jump": ×}
     per_task: dict = field(default_factory=dict)    # task -> {"pick", "accuracy", "base_accuracy", "candidates"}
     min_ram: list = field(default_factory=list)     # per model and quant: the smallest phone and laptop it fits
+    backends: list = field(default_factory=list)    # per model and quant measured on several backends: who won, why
 
     @property
     def frontier(self) -> list[Candidate]:
@@ -74,8 +81,8 @@ class DeviceRecommendation:
         return {"device": self.device, "pick": asdict(self.pick) if self.pick else None,
                 "candidates": [asdict(c) for c in self.candidates], "constraints": self.spec,
                 "quality_axis": self.quality_axis,
-                "frontier": [f"{c.model} {c.quant}" for c in self.frontier], "bpw_knee": self.knees,
-                "per_task": self.per_task, "min_ram": self.min_ram}
+                "frontier": [c.label for c in self.frontier], "bpw_knee": self.knees,
+                "per_task": self.per_task, "min_ram": self.min_ram, "backends": self.backends}
 
 
 def _num(x):
@@ -188,8 +195,10 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None)
     rows = rows[rows["model_bytes"].notna()]          # device-level rows (membw) are not candidates
     if rows.empty:
         return out
-    accs = {k: _task_accuracy(g) for k, g in rows.groupby(["device", "model", "quant"], sort=False)}
-    for (device, model, quant), g in rows.groupby(["device", "model", "quant"], sort=False):
+    rows = rows.assign(_backend=rows["backend"].fillna("") if "backend" in rows.columns else "")
+    keys = ["device", "model", "quant", "_backend"]
+    accs = {k: _task_accuracy(g) for k, g in rows.groupby(keys, sort=False)}
+    for (device, model, quant, backend), g in rows.groupby(keys, sort=False):
         first = g.iloc[0]
         mbytes = int(first["model_bytes"])
         kvpt = _num(first["kv_bytes_per_token"])
@@ -217,12 +226,12 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None)
         kld, _ = _metric(g, "kld_mean")
         ppl, _ = _metric(g, "ppl_ratio")
         ept, _ = _metric(g[g["phase"] == "decode"], "energy_per_token", how="min")
-        tacc = accs[(device, model, quant)]
+        tacc = accs[(device, model, quant, backend)]
         if task is not None:
             tacc = {task: tacc[task]} if task in tacc else {}
         acc = sum(tacc.values()) / len(tacc) if tacc else None
-        base = next((accs[(device, model, q)] for q in FLOAT_QUANTS if (device, model, q) in accs
-                     and accs[(device, model, q)]), {})
+        base = next((accs[(device, model, q, backend)] for q in FLOAT_QUANTS if (device, model, q, backend) in accs
+                     and accs[(device, model, q, backend)]), {})
         dh, _ = _metric(g, "devhost_kld_mean")
         c = Candidate(
             device,
@@ -244,6 +253,7 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None)
             acc,
             dh,
             bsource,
+            backend,
             tacc,
             base,
         )
@@ -276,8 +286,8 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None)
                 f"the device's logits differ from the host's for this very file (KLD {dh:.4f} > "
                 f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device"
             )
-        tasks = [task] if task is not None else sorted({t for (d, m, _), a in accs.items() if d == device
-                                                        and m == model for t in a})
+        tasks = [task] if task is not None else sorted({t for (d, m, _, b), a in accs.items()
+                                                        if (d, m, b) == (device, model, backend) for t in a})
         _judge_tasks(c, spec, tasks)
         if spec.max_energy_per_token is not None:
             if ept is None:
@@ -337,7 +347,7 @@ def _choose(cs: list[Candidate], spec: RecommendSpec, axis: str) -> tuple[Candid
             c.verdict = f"picked: {spec.prefer} of {len(ok)} passing" + (f"; {c.verdict}" if c.verdict else "")
         elif c.passes and not any(c is o for o in ok):
             dom = next(o for o in cs if o.passes and dominates(o, c, axis) and same(o, c))
-            c.verdict = f"passes, but {dom.model} {dom.quant} is better on every axis"
+            c.verdict = f"passes, but {dom.label} is better on every axis"
         elif c.passes:
             c.verdict = {
                 "smallest": f"passes, but larger ({c.model_bytes / 1024**2:.0f} MiB vs "
@@ -358,6 +368,32 @@ def _choose(cs: list[Candidate], spec: RecommendSpec, axis: str) -> tuple[Candid
     return pick, len(ok)
 
 
+def backend_lines(cs: list[Candidate]) -> list[str]:
+    """Per model and quant measured on several backends: the winner (passing, then fastest decode) and each
+    loser's reasons in numbers ("vulkan: q4_0 decode 0.12× cpu; KLD vs host 0.02 > 0.01")."""
+    out = []
+    groups: dict = {}
+    for c in cs:
+        groups.setdefault((c.model, c.quant), []).append(c)
+    for (model, quant), g in groups.items():
+        if len({c.backend for c in g}) < 2:
+            continue
+        best = sorted(g, key=lambda c: (not c.passes, -(c.decode_tps or 0)))[0]
+        out.append(f"{model} {quant}: {best.backend} wins" + ("" if best.passes else " (though it fails: "
+                                                             + "; ".join(best.failures) + ")"))
+        for c in g:
+            if c is best:
+                continue
+            why = []
+            if c.decode_tps and best.decode_tps:
+                why.append(f"decode {c.decode_tps / best.decode_tps:.2f}× {best.backend}")
+            if c.energy_per_token and best.energy_per_token:
+                why.append(f"energy/token {c.energy_per_token / best.energy_per_token:.2f}× {best.backend}")
+            why += c.failures
+            out.append(f"  {c.backend}: {quant} " + "; ".join(why or ["no faster"]))
+    return out
+
+
 def min_ram_table(cs: list[Candidate], spec: RecommendSpec) -> list[dict]:
     """Per model and quant, the smallest phone and laptop it fits on at the recipe's context: its need
     (weights + KV + the runtime overhead measured on this device) against budget.phone_rule and
@@ -367,6 +403,8 @@ def min_ram_table(cs: list[Candidate], spec: RecommendSpec) -> list[dict]:
         phone = next((g for g in budgetmod.TABLE_PHONES_GB if budgetmod.phone_rule(g) >= c.ram_need), None)
         laptop = next((g for g in budgetmod.TABLE_LAPTOPS_GB
                        if budgetmod.laptop_rule(g, spec.ram_fraction) >= c.ram_need), None)
+        if any((m["model"], m["quant"]) == (c.model, c.quant) for m in out):
+            continue                                   # one line per file, whatever the backends
         out.append({"model": c.model, "quant": c.quant, "need_bytes": c.ram_need,
                     "overhead_measured": c.overhead_measured, "phone_gb": phone, "laptop_gb": laptop})
     return out
@@ -377,6 +415,9 @@ def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendat
     cands = candidates(rows, spec)
     for device in dict.fromkeys(c.device for c in cands):
         cs = [c for c in cands if c.device == device]
+        multi = len({c.backend for c in cs}) > 1
+        for c in cs:
+            c.multi_backend = multi
         # across models KLD is not comparable (each is relative to its own base): use task accuracy when
         # every candidate has it, else KLD (and say which)
         models = {c.model for c in cs}
@@ -389,9 +430,11 @@ def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendat
             drows = rows[rows["device"] == device]
             for task in tasks:
                 tcs = [c for c in candidates(drows, spec, task) if c.accuracy is not None]
+                for c in tcs:
+                    c.multi_backend = multi
                 tpick, n_ok = _choose(tcs, spec, "accuracy")
                 per_task[task] = {
-                    "pick": f"{tpick.model} {tpick.quant}" if tpick else None,
+                    "pick": tpick.label if tpick else None,
                     "accuracy": tpick.accuracy if tpick else None,
                     "base_accuracy": tpick.base_accuracy.get(task) if tpick else None,
                     "passing": n_ok,
@@ -410,6 +453,7 @@ def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendat
                 {m: k for m, k in knees.items() if k},
                 per_task,
                 min_ram_table(cs, spec),
+                backend_lines(cs),
             )
         )
     return recs
@@ -432,6 +476,7 @@ def pick_lines(r: DeviceRecommendation) -> list[str]:
                    f"[{c.energy_source}]")
     else:
         out.append("energy: not measurable on this device (no power source)")
+    out += [f"backends: {x}" if not x.startswith(" ") else x for x in r.backends]
     for task, t in r.per_task.items():
         if t["pick"]:
             base = f", base {t['base_accuracy']:.1%}" if t["base_accuracy"] is not None else ""

@@ -186,7 +186,7 @@ def build(
         if r.pick:
             parts.append(
                 f"<p class='pick' data-device='{html.escape(r.device)}'>{html.escape(r.device)}: ship "
-                f"{html.escape(r.pick.model)} {html.escape(r.pick.quant)} ({r.pick.bpw:.2f} bits/weight, "
+                f"{html.escape(r.pick.label)} ({r.pick.bpw:.2f} bits/weight, "
                 f"{r.pick.model_bytes / 1024**2:.0f} MiB)</p>"
             )
         else:
@@ -196,6 +196,7 @@ def build(
                 {
                     "model": c.model,
                     "quant": c.quant,
+                    "backend": c.backend,
                     "bits/w": c.bpw,
                     "MiB": c.model_bytes / 1024**2,
                     "decode t/s": c.decode_tps,

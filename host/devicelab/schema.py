@@ -43,6 +43,9 @@ METRIC_DEFS: dict[str, tuple[str, str | None]] = {
     # task evals; llama-server's own token counters over an lm-eval run (server-generate)
     "accuracy": ("1", HIGHER), "tokens_prompt": ("tok", None), "tokens_generated": ("tok", None),
     "eval_gen_tps": ("tok/s", HIGHER),
+    # GPU telemetry (sampler: kgsl, devfreq, Tegra load, GPU rails; nvidia-smi beside the payload)
+    "gpu_power_mean": ("W", LOWER), "gpu_energy": ("J", LOWER), "gpu_mem_peak": ("B", LOWER),
+    "gpu_busy_mean": ("1", None), "gpu_temp_max": ("degC", LOWER), "gpu_freq_mean": ("Hz", None),
 }
 METRICS: dict[str, str] = {k: unit for k, (unit, _) in METRIC_DEFS.items()}      # name -> unit
 BETTER: dict[str, str | None] = {k: b for k, (_, b) in METRIC_DEFS.items()}     # name -> higher | lower | None
@@ -52,7 +55,7 @@ TOKEN_PHASES = ("prefill", "decode", "pg")
 ROW_COLUMNS = [
     "run_id", "cell_id", "recipe", "device", "target", "model", "quant", "payload", "test",
     "threads", "n_prompt", "n_gen", "n_depth", "ctx", "phase", "cpu_mask", "cpu_quota", "contention", "n_parallel",
-    "eval_route", "eval_engine", "governor",
+    "eval_route", "eval_engine", "governor", "backend", "gpu_device", "n_gpu_layers", "flash_attn",
     "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
     "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
     "model_source", "imatrix",
@@ -78,6 +81,9 @@ class Row:
     n_depth: int | None = None
     ctx: int | None = None
     n_parallel: int | None = None
+    gpu_device: str | None = None       # the GPU device that did the work, as the tool named it
+    n_gpu_layers: int | None = None
+    flash_attn: str | None = None
     context: dict[str, Any] = field(default_factory=dict)   # cell-level columns filled by the executor
 
     def __post_init__(self):

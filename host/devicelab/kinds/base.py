@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -162,3 +163,24 @@ def timed_lines(stdout_tsv: str) -> list[tuple[float | None, str]]:
 
 def plain(stdout_tsv: str) -> str:
     return "\n".join(line for _, line in timed_lines(stdout_tsv))
+
+
+_GPU_LINES = (re.compile(r"ggml_vulkan: 0 = ([^|\n]+?)\s*(?:\||$)", re.M),        # Vulkan
+              re.compile(r"^\S*\s*\S*\s*Device 0: ([^,\n]+)", re.M),                # CUDA (ggml_cuda_init)
+              re.compile(r"using device \S+ \((.+?)\) (?:\(|-)"))                  # any, at model load
+_OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+
+
+def gpu_from_log(text: str) -> dict:
+    """A llama.cpp tool's own log lines about its GPU: the first device's name (ggml_vulkan: 0 = llvmpipe …,
+    ggml_cuda_init: Device 0: NVIDIA H200 …) and 'offloaded N/M layers to GPU'. Empty on a CPU-only build."""
+    out: dict = {}
+    for pat in _GPU_LINES:
+        m = pat.search(text)
+        if m:
+            out["gpu_device"] = m.group(1).strip()
+            break
+    m = _OFFLOADED.search(text)
+    if m:
+        out["n_gpu_layers"] = int(m.group(1))
+    return out

@@ -37,6 +37,10 @@ class BenchSpec(Spec):
     warmup: bool = True
     cache_type_k: KVType | None = None
     cache_type_v: KVType | None = None
+    # GPU axes, with llama-bench's names: layers offloaded (99 = all), flash attention, the GPU device
+    n_gpu_layers: list[Annotated[int, Field(ge=0)] | None] = [None]
+    flash_attn: list[Literal["on", "off", "auto"] | None] = [None]
+    device: str | None = None                 # llama-bench -dev (e.g. Vulkan0) where there are several
 
     @field_validator("threads")
     @classmethod
@@ -67,6 +71,9 @@ class BenchParams:
     cache_type_k: KVType | None = None
     cache_type_v: KVType | None = None
     warmup: bool = True
+    n_gpu_layers: int | None = None
+    flash_attn: str | None = None
+    device: str | None = None
 
 
 def argv(bench_bin: str, model: str, p: BenchParams) -> list[str]:
@@ -85,6 +92,12 @@ def argv(bench_bin: str, model: str, p: BenchParams) -> list[str]:
         a += ["-ctv", p.cache_type_v]
     if not p.warmup:
         a.append("--no-warmup")
+    if p.n_gpu_layers is not None:
+        a += ["-ngl", str(p.n_gpu_layers)]
+    if p.flash_attn:
+        a += ["-fa", p.flash_attn]
+    if p.device:
+        a += ["-dev", p.device]
     return a
 
 
@@ -150,7 +163,8 @@ def rows(tests: list[BenchTest]) -> list[Row]:
             samples = [float(x) for x in r.get("samples_ts") or []]
             sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
             common = dict(test=bt.name, phase=bt.kind, threads=int(r["n_threads"]), n_prompt=int(r["n_prompt"]),
-                          n_gen=int(r["n_gen"]), n_depth=int(r.get("n_depth") or 0), n=len(samples))
+                          n_gen=int(r["n_gen"]), n_depth=int(r.get("n_depth") or 0), n=len(samples),
+                          **gpu_columns(r))
             out.append(Row(metric=METRIC_FOR_KIND[bt.kind], value=float(r["avg_ts"]), stddev=sd, samples=samples,
                            **common))
             ns = r.get("samples_ns") or []
@@ -159,6 +173,22 @@ def rows(tests: list[BenchTest]) -> list[Row]:
             raise DevicelabError(f"llama-bench printed a result line devicelab cannot read ({type(e).__name__}: "
                                  f"{e}); see the cell's stdout.tsv") from None
     return out
+
+
+def gpu_columns(r: dict) -> dict:
+    """The GPU side of one llama-bench record: the GPU device that did the work (gpu_info), layers offloaded and
+    flash attention; none of it on a CPU-only build (llama-bench's "backends" is "CPU" there). With 0 layers a
+    GPU build still runs large prompt batches on the GPU device: its name is recorded all the same."""
+    if r.get("backends", "CPU") in ("CPU", "", None):
+        return {}
+    fa = r.get("flash_attn")
+    if isinstance(fa, bool):
+        fa = "on" if fa else "off"
+    elif fa is not None:
+        fa = {"1": "on", "0": "off", "-1": "auto"}.get(str(fa), str(fa))
+    ngl = r.get("n_gpu_layers")
+    return {"gpu_device": r.get("gpu_info") or None, "n_gpu_layers": int(ngl) if ngl is not None else None,
+            "flash_attn": fa}
 
 
 def affinity(P: dict, facts: dict, device: str) -> tuple[str | None, int, dict]:
@@ -192,19 +222,25 @@ class Bench(Kind):
         return ("llama-bench",)
 
     def variants(self, spec):
-        base = spec.model_dump(exclude={"threads", "kind", "cpu_masks", "quota", "contention"})
+        gpu = ("n_gpu_layers", "flash_attn", "device")
+        base = spec.model_dump(exclude={"threads", "kind", "cpu_masks", "quota", "contention", *gpu})
         out = []
-        for t, m, q, c in itertools.product(spec.threads, spec.cpu_masks, spec.quota, spec.contention):
+        for t, m, q, c, ngl, fa in itertools.product(spec.threads, spec.cpu_masks, spec.quota, spec.contention,
+                                                     spec.n_gpu_layers, spec.flash_attn):
             params = {**base, "threads": t, "cpu_mask": m, "quota": q, "contention": c}
             if m is None and q is None and c == 0:      # the plain cell keeps the id it always had
                 params = {k: x for k, x in params.items() if k not in ("cpu_mask", "quota", "contention")}
+            params.update({k: v for k, v in (("n_gpu_layers", ngl), ("flash_attn", fa), ("device", spec.device))
+                           if v is not None})
             out.append(params)
         return out
 
     def label(self, p):
         return f"t={p['threads']}" + (f" mask={p['cpu_mask']}" if p.get("cpu_mask") else "") + \
             (f" quota={p['quota']}" if p.get("quota") else "") + \
-            (f" load={p['contention']}" if p.get("contention") else "")
+            (f" load={p['contention']}" if p.get("contention") else "") + \
+            (f" ngl={p['n_gpu_layers']}" if p.get("n_gpu_layers") is not None else "") + \
+            (f" fa={p['flash_attn']}" if p.get("flash_attn") else "")
 
     def provenance(self, p):
         return {"cpu_mask": p.get("cpu_mask"), "cpu_quota": p.get("quota"), "contention": p.get("contention")}
@@ -223,6 +259,9 @@ class Bench(Kind):
             cpu_mask=mask,
             cache_type_k=P.get("cache_type_k"),
             cache_type_v=P.get("cache_type_v"),
+            n_gpu_layers=P.get("n_gpu_layers"),
+            flash_attn=P.get("flash_attn"),
+            device=P.get("device"),
         )
         return Prepared(
             [("main", argv(cx.tool("llama-bench"), cx.model(), bp))],

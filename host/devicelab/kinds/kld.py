@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from ..errors import DevicelabError
 from ..schema import Row, missing
-from .base import Artifacts, Kind, Parsed, Prepared, Spec, register
+from .base import Artifacts, Kind, Parsed, Prepared, Spec, gpu_from_log, register
 
 DEFAULT_TEXT = "llama.cpp:docs/build.md"   # ships with the pinned llama.cpp source: on every machine
 
@@ -24,7 +24,9 @@ class KLDSpec(Spec):
     chunks: int = Field(default=8, ge=1)
     threads: int | None = Field(default=None, ge=1)
     host_check: bool | None = None    # also compare the device's logits with the host's for the same file
-                                      # (default: on for every device that does not measure on this host's CPUs)
+                                      # (default: on for every device that does not measure on this host's CPUs,
+                                      # and for every GPU backend: does the GPU path change the answers?)
+    n_gpu_layers: list[Annotated[int, Field(ge=0)] | None] = [None]   # llama.cpp -ngl (99 = all), one cell each
 
     @model_validator(mode="after")
     def _enough_tokens(self) -> "KLDSpec":
@@ -41,6 +43,7 @@ class KLDParams:
     chunks: int = 8
     threads: int = 2
     batch: int | None = None
+    n_gpu_layers: int | None = None
 
 
 def base_argv(bin_: str, base_model: str, text: str, logits_out: str, p: KLDParams) -> list[str]:
@@ -56,6 +59,8 @@ def kld_argv(bin_: str, model: str, logits: str, p: KLDParams) -> list[str]:
          "--kl-divergence-base", logits, "--kl-divergence"]
     if p.batch:
         a += ["-b", str(p.batch)]
+    if p.n_gpu_layers is not None:
+        a += ["-ngl", str(p.n_gpu_layers)]
     return a
 
 
@@ -82,9 +87,11 @@ def parse_kld(text: str, p: KLDParams) -> list[Row]:
         tail = "\n".join(text.strip().splitlines()[-3:])
         raise DevicelabError(f"llama-perplexity printed no KL divergence statistics ({tail[:200]})")
     out = []
+    gpu = gpu_from_log(text)
     for metric, pat in PATTERNS.items():
         m = re.search(pat, text)
-        common = dict(test=f"kld@c{p.ctx}x{p.chunks}", phase="perplexity", ctx=p.ctx, n=p.chunks, threads=p.threads)
+        common = dict(test=f"kld@c{p.ctx}x{p.chunks}", phase="perplexity", ctx=p.ctx, n=p.chunks, threads=p.threads,
+                      **gpu)
         if not m:
             out.append(missing(metric, "not printed by llama-perplexity", **common))
             continue
@@ -104,7 +111,8 @@ def parse_base_ppl(text: str) -> float | None:
 
 
 def _params(P: dict, facts: dict) -> KLDParams:
-    return KLDParams(ctx=P["ctx"], chunks=P["chunks"], threads=P.get("threads") or facts.get("cpu_count") or 1)
+    return KLDParams(ctx=P["ctx"], chunks=P["chunks"], threads=P.get("threads") or facts.get("cpu_count") or 1,
+                     n_gpu_layers=P.get("n_gpu_layers"))
 
 
 @register
@@ -114,6 +122,13 @@ class KLD(Kind):
 
     def tools(self, params):
         return ("llama-perplexity",)
+
+    def variants(self, spec):
+        base = spec.model_dump(exclude={"kind", "n_gpu_layers"})
+        return [{**base, **({"n_gpu_layers": n} if n is not None else {})} for n in spec.n_gpu_layers]
+
+    def label(self, p):
+        return f"ngl={p['n_gpu_layers']}" if p.get("n_gpu_layers") is not None else ""
 
     def check(self, spec, recipe_dir):
         if not spec.text.startswith("llama.cpp:"):
@@ -129,7 +144,7 @@ class KLD(Kind):
         runs = [("main", kld_argv(tool, model, cx.push(logits), kp))]
         check = P.get("host_check")
         if check is None:
-            check = not cx.same_build_as_host
+            check = not cx.same_build_as_host or P.get("backend") not in (None, "cpu")
         if check:
             runs.append(("check", kld_argv(tool, model, cx.push(cx.host.host_quant_logits(cell.model, cell.quant, P)),
                                            kp)))
@@ -147,5 +162,6 @@ class KLD(Kind):
             for src, dst in (("kld_mean", "devhost_kld_mean"), ("same_top_p", "devhost_same_top_p")):
                 r = chk[src]
                 out.append(Row(metric=dst, value=r.value, stddev=r.stddev, test=r.test, phase="host-check",
-                               ctx=r.ctx, n=r.n, missing_reason=r.missing_reason))
+                               ctx=r.ctx, n=r.n, missing_reason=r.missing_reason, gpu_device=r.gpu_device,
+                               n_gpu_layers=r.n_gpu_layers))
         return Parsed(out)

@@ -75,9 +75,11 @@ def derive(base: Path) -> tuple[list[Row], dict]:
         cell_window = a.main.window
         trace = sampler_csv.parse(_read(base / "telemetry.csv"))
         pmf = base / "powermetrics.plist"
+        nvf = base / "nvidia-smi.csv"
         summ = normalize.summarize(trace, parsed.phases, cell_window,
                                    parsers.powermetrics(pmf.read_bytes()) if pmf.is_file() else None,
-                                   prior_calibration=meta.get("prior_calibration"))
+                                   prior_calibration=meta.get("prior_calibration"),
+                                   nv=parsers.nvidia_smi(_read(nvf)) if nvf.is_file() else None)
         snap_start_rows, snap_start = snapshots.from_artifacts(base, "start")
         snap_end_rows, snap_end = snapshots.from_artifacts(base, "end")
         rows += summ.rows + snap_start_rows + snap_end_rows

@@ -23,7 +23,8 @@ from . import artifacts
 from .conditions import Charging, Contention, Powermetrics, Quota
 from .session import DeviceSession, read_pids
 
-PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code", "powermetrics.plist")
+PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code", "powermetrics.plist",
+          "nvidia-smi.csv")
 
 
 class CellContext:
@@ -37,7 +38,7 @@ class CellContext:
         self.qf = None
 
     def tool(self, name: str) -> str:
-        return self.s.tool(name)
+        return self.s.tool(name, self.cell.params.get("backend"))
 
     def push(self, path) -> str:
         return self.s.push(path)
@@ -71,11 +72,12 @@ def model_context(host, model: str, qf) -> dict:
 
 
 def base_context(s: DeviceSession, cell, run_id: str) -> dict:
-    b = s.build
+    on_host = kinds.get(cell.payload).where(cell.params) == HOST       # this host's llama.cpp, not the device's
+    b = s.build if on_host else s.build_for(cell.params.get("backend"))
     return {"run_id": run_id, "cell_id": cell.cell_id, "recipe": cell.recipe, "device": cell.device,
             "target": b.manifest["target"], "model": cell.model, "quant": cell.quant, "payload": cell.payload,
             "build_commit": b.manifest["commit"], "build_flags": b.manifest["flags"], "build_key": b.key,
-            "device_facts": factsmod.summary(s.facts),
+            "device_facts": factsmod.summary(s.facts), "backend": cell.params.get("backend") or s.default_backend,
             "device_mem_bytes": s.device.ram_budget_bytes or s.facts.get("mem_total_bytes"),
             "ram_budget_bytes": s.budget.bytes, "ram_budget_source": s.budget.line(),
             "battery_wh": s.battery_wh, "battery_source": s.battery_source,
@@ -130,7 +132,9 @@ def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:
     prov: dict = dict(prep.provenance)
     prior = led.device_fact(s.name, "battery-calibration")
     with ExitStack() as conds:
-        env = dict(prep.env)
+        env = {**s.device.env, **prep.env}
+        if "nvidia-smi" in s.snap_tools:      # the GPUs' own telemetry beside the payload
+            env["DEVICELAB_NVIDIA_SMI"] = "1"
         pending = lambda on: led.set_device_fact(s.name, "battery-unplugged", on)   # noqa: E731
         try:
             for c in ([Quota(t, s.kit, cell.cell_id, float(prep.quota), s.name)] if prep.quota else []) + \

@@ -13,6 +13,7 @@ from .. import budget as budgetmod
 from .. import facts as factsmod
 from .. import kit as kitmod
 from .. import push
+from ..build import backends as backendsmod
 from ..build import targets
 from ..hashing import sha256_file
 from ..kinds.base import SkipCell
@@ -45,6 +46,9 @@ class DeviceSession:
         self.battery_wh: float | None = None
         self.battery_source = ""
         self.build = None
+        self.target = None
+        self.default_backend = "cpu"
+        self._builds: dict = {}             # backend -> its build, or the SkipCell saying why it cannot be
         self.snap_tools: set[str] = set()
         self.powermetrics = ""
         self.provenance: dict = {}          # device-wide conditions (the governor pin)
@@ -97,6 +101,7 @@ class DeviceSession:
             self.warn(w)
         if self.tools_needed - set(tgt.tools):         # a kind needs a tool the target does not list
             tgt = dataclasses.replace(tgt, tools=tuple(sorted(set(tgt.tools) | self.tools_needed)))
+        self.target, self.default_backend = tgt, backendsmod.default_backend(tgt)
         self.ev.lane(self.name, f"llama.cpp build ({tgt.name})")
         if tgt.where == "device":
             from ..build import remote
@@ -128,12 +133,40 @@ class DeviceSession:
             self._warned.add(key)
             self.ev.stage(f"warning: {self.name}: {text}")
 
-    def tool(self, name: str) -> str:
-        if name not in self.build.manifest["tools"]:
-            raise SkipCell(f"the {self.build.manifest['target']} build has no {name}")
-        if self.build.manifest.get("where") == "device":
-            return self.build.tool(name)                       # built on the device, already there
-        return self.push(self.build.tool(name), self.build.manifest["tools"][name], mode="755", name=name)
+    def build_for(self, backend: str | None):
+        """The device's build for a backend (None: its default build); SkipCell with the reason when it
+        cannot have that backend."""
+        if backend is None or backend == self.default_backend:
+            return self.build
+        if backend not in self._builds:
+            try:
+                if self.device.backends is not None and backend not in self.device.backends:
+                    raise SkipCell(f"{self.name}'s lab entry allows the backends {', '.join(self.device.backends)}")
+                try:
+                    tgt = backendsmod.variant(self.target, backend)
+                except backendsmod.NoBackend as e:
+                    raise SkipCell(f"{self.name} cannot have the {backend} backend: {e}") from None
+                tgt = dataclasses.replace(tgt, tools=tuple(sorted(self.tools_needed)))
+                self.ev.lane(self.name, f"llama.cpp build ({tgt.name})")
+                if tgt.where == "device":
+                    from ..build import remote
+                    self._builds[backend] = remote.ensure(self.t, self.host.src, tgt, jobs=self.host.jobs)
+                else:
+                    self._builds[backend] = self.host.build(tgt)
+            except SkipCell as e:
+                self._builds[backend] = e
+        b = self._builds[backend]
+        if isinstance(b, SkipCell):
+            raise b
+        return b
+
+    def tool(self, name: str, backend: str | None = None) -> str:
+        build = self.build_for(backend)
+        if name not in build.manifest["tools"]:
+            raise SkipCell(f"the {build.manifest['target']} build has no {name}")
+        if build.manifest.get("where") == "device":
+            return build.tool(name)                       # built on the device, already there
+        return self.push(build.tool(name), build.manifest["tools"][name], mode="755", name=name)
 
     def push(self, path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
         """A file into the device's verified cache. Sending it is host-side work (the host reads, encrypts

@@ -249,8 +249,73 @@ def power_rails(tr: SamplerTrace) -> list[tuple[str, str, np.ndarray]]:
     return [r for r in out if r[0].upper() != "NC"]
 
 
+NO_GPU = "no GPU telemetry readable on this device (kgsl, devfreq GPU, Tegra load, GPU rail or nvidia-smi)"
+
+
+def gpu_rows(tr: SamplerTrace, nv: list[dict] | None = None, pm: list[dict] | None = None) -> list[Row]:
+    """The cell's GPU figures, SI units, from the sampler's GPU sources (Adreno kgsl, devfreq GPUs, Tegra load,
+    power rails labelled GPU) and nvidia-smi's samples beside the payload: power (mean W) and energy (J), peak
+    memory (B), busy share, peak temperature, mean clock. What no source gives is NaN with the reason."""
+    df = tr.frame
+    num = lambda c: pd.to_numeric(df[c].astype(str).str.split().str[0], errors="coerce")  # noqa: E731
+    vals: dict[str, tuple[float, str]] = {}
+    t = pd.to_numeric(df["t_s"], errors="coerce").to_numpy(dtype=float) if "t_s" in df else np.array([])
+    freq = [num(c) for c in tr.columns(r".*kgsl-3d0/gpuclk") + tr.columns(r".*devfreq/[^/]+/cur_freq")
+            if tr.meta.get(c.rsplit("/", 1)[0], {}).get("type") in ("kgsl", "devfreq")]
+    freq = [f.dropna() for f in freq if f.notna().any()]
+    if freq:
+        vals["gpu_freq_mean"] = (float(pd.concat(freq).mean()), "sysfs")
+    busy = []
+    for c in tr.columns(r".*kgsl-3d0/gpubusy"):           # "busy total" since the last read
+        bt = df[c].astype(str).str.split(expand=True)
+        if bt.shape[1] >= 2:
+            b, tot = pd.to_numeric(bt[0], errors="coerce"), pd.to_numeric(bt[1], errors="coerce")
+            busy.append((b / tot.where(tot > 0)).dropna())
+    busy += [(num(c) / 1000).dropna() for c in tr.columns(r".*/load")
+             if tr.meta.get(c.rsplit("/", 1)[0], {}).get("type") == "tegra"]
+    busy = [b for b in busy if len(b)]
+    if busy:
+        vals["gpu_busy_mean"] = (float(pd.concat(busy).mean()), "sysfs")
+    temps = [num(c).dropna().map(temp_to_c) for c in tr.columns(r".*kgsl-3d0/temp")]
+    temps = [x for x in temps if len(x)]
+    if temps:
+        vals["gpu_temp_max"] = (float(pd.concat(temps).max()), "sysfs")
+    rails = [(lab, w) for lab, _, w in power_rails(tr) if "GPU" in lab.upper()]
+    if rails and len(t) > 1:
+        w = np.nansum([r[1] for r in rails], axis=0)
+        vals["gpu_power_mean"] = (float(np.nanmean(w)), "rails " + "+".join(r[0] for r in rails))
+        vals["gpu_energy"] = (_integrate_power(t, w, t[0], t[-1]), vals["gpu_power_mean"][1])
+    pm_g = [x for x in pm or [] if x.get("gpu_j") is not None and x.get("elapsed_s")]
+    if pm_g:                                                # a Mac: powermetrics' GPU energy
+        e, d = sum(x["gpu_j"] for x in pm_g), sum(x["elapsed_s"] for x in pm_g)
+        vals["gpu_energy"], vals["gpu_power_mean"] = (e, "powermetrics"), (e / d, "powermetrics")
+    if nv:
+        s = pd.DataFrame(nv)
+        src = "nvidia-smi " + ", ".join(sorted({str(x) for x in s["name"].dropna()}))
+        per_t = s.groupby("t")                             # all GPUs at one timestamp
+        if s["power_w"].notna().any():
+            p = per_t["power_w"].sum(min_count=1).dropna()
+            vals["gpu_power_mean"] = (float(p.mean()), src)
+            if len(p) > 1:
+                tt = p.index.to_numpy(dtype=float)
+                vals["gpu_energy"] = (_integrate_power(tt, p.to_numpy(dtype=float), tt[0], tt[-1]), src)
+        for metric, col, how in (("gpu_mem_peak", "mem_bytes", "max"), ("gpu_busy_mean", "busy", "mean"),
+                                 ("gpu_temp_max", "temp_c", "max"), ("gpu_freq_mean", "sm_hz", "mean")):
+            if s[col].notna().any():
+                agg = per_t[col].sum(min_count=1) if col == "mem_bytes" else s[col]
+                vals[metric] = (float(getattr(agg.dropna(), how)()), src)
+    out = []
+    for m in ("gpu_power_mean", "gpu_energy", "gpu_mem_peak", "gpu_busy_mean", "gpu_temp_max", "gpu_freq_mean"):
+        if m in vals:
+            out.append(Row(metric=m, value=vals[m][0], phase="cell", test=vals[m][1]))
+        else:
+            out.append(missing(m, NO_GPU, phase="cell"))
+    return out
+
+
 def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, float] | None,
-              pm: list[dict] | None = None, prior_calibration: dict | None = None) -> Summary:
+              pm: list[dict] | None = None, prior_calibration: dict | None = None,
+              nv: list[dict] | None = None) -> Summary:
     """Rows of one cell from the sampler's trace; `pm`: macOS powermetrics samples (parsers.powermetrics)
     taken beside the payload for its whole life, which supply the energy, clock and thermal pressure
     where there is no sysfs."""
@@ -290,6 +355,8 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
     else:
         rows += [missing("cpu_freq_mean", "no cpufreq readable on this device", phase="cell"),
                  missing("cpu_freq_min", "no cpufreq readable on this device", phase="cell")]
+    # ---- GPU ----
+    rows += gpu_rows(tr, nv, pm)
     # ---- macOS powermetrics: thermal pressure, and the SoC's energy when the sampler has no source ----
     pm = pm or []
     tp = [x["thermal_pressure"] for x in pm if x["thermal_pressure"] is not None]

@@ -181,3 +181,44 @@ def powermetrics(raw: bytes) -> list[dict]:
             }
         )
     return out
+
+
+def nvidia_smi(text: str) -> list[dict]:
+    """`nvidia-smi --query-gpu=timestamp,index,name,power.draw,… --format=csv,nounits -l…` → one dict per GPU
+    and sample, SI units: t (epoch s), gpu (index), name, power_w, mem_bytes, busy (0–1), temp_c, sm_hz,
+    throttle (the active reasons' bitmask). '[N/A]' and '[Not Supported]' are None."""
+    import csv
+    import datetime as dt
+    rows = list(csv.reader(text.splitlines(), skipinitialspace=True))
+    if not rows:
+        return []
+    head = [h.strip().split(" [")[0] for h in rows[0]]
+    out = []
+    for r in rows[1:]:
+        if len(r) != len(head) or r[0] == head[0]:
+            continue
+        d = dict(zip(head, (x.strip() for x in r)))
+        num = lambda k: (float(d[k]) if d.get(k) not in (None, "", "[N/A]", "[Not Supported]")  # noqa: E731
+                         and _isnum(d[k]) else None)
+        try:
+            t = dt.datetime.strptime(d["timestamp"], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+        except (KeyError, ValueError):
+            continue
+        thr = d.get("clocks_throttle_reasons.active") or d.get("clocks_event_reasons.active")
+        mem, sm = num("memory.used"), num("clocks.sm")
+        busy = num("utilization.gpu")
+        out.append({"t": t, "gpu": int(d.get("index") or 0), "name": d.get("name"), "power_w": num("power.draw"),
+                    "mem_bytes": mem * 1024**2 if mem is not None else None,
+                    "busy": busy / 100 if busy is not None else None, "temp_c": num("temperature.gpu"),
+                    "sm_hz": sm * 1e6 if sm is not None else None,
+                    "throttle": int(thr, 16) if thr and thr.startswith("0x") else None})
+    return out
+
+
+def _isnum(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+

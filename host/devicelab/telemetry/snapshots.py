@@ -26,7 +26,7 @@ ROW_KEYS = {"battery_level", "battery_voltage", "battery_current", "battery_powe
 
 
 def available(t: Transport) -> set[str]:
-    r = t.sh('for c in dumpsys ioreg pmset; do command -v "$c" >/dev/null 2>&1 && echo "$c"; done')
+    r = t.sh('for c in dumpsys ioreg pmset nvidia-smi; do command -v "$c" >/dev/null 2>&1 && echo "$c"; done')
     return set(r.stdout.split())
 
 

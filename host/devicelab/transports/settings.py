@@ -20,6 +20,10 @@ class DeviceBase(BaseModel):
     exec_prefix: list[str] = []                  # run payload binaries through this (e.g. qemu-aarch64-static)
     host_cpus: bool | None = None                # its payloads run on this host's CPUs (default: the transport's)
     governor: str | None = Field(default=None, pattern=r"^[a-z_]+$")   # pin cpufreq (rooted), e.g. performance
+    # the GPU backends this device may be measured on (a recipe's other backends are skipped here), and
+    # environment variables for its payloads (GGML_VK_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, …)
+    backends: list[Literal["cpu", "vulkan", "opencl", "metal", "cuda"]] | None = None
+    env: dict[str, str] = {}
 
     @field_validator("name")
     @classmethod
