@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 
 import pytest
 from conftest import devicelab
@@ -62,7 +63,10 @@ def test_cpu_and_vulkan_on_lavapipe(tmp_path, host_build, smol_path):
     assert set(kld.backend) == {"cpu", "vulkan"}
     dh = rows[(rows.metric == "devhost_kld_mean") & (rows.backend == "vulkan")]
     assert len(dh) == 1 and dh.value.iloc[0] < 0.05 and "llvmpipe" in dh.gpu_device.iloc[0]
-    assert kld[kld.backend == "vulkan"].n_gpu_layers.astype(int).tolist() == [31]    # SmolLM2: 30 blocks + output
+    # layers offloaded as llama-perplexity logged them (SmolLM2: 30 blocks + output), or as asked where its log
+    # lines were lost at exit (upstream issue 22142)
+    assert kld[kld.backend == "vulkan"].n_gpu_layers.astype(int).tolist() in ([31], [99])
+    assert kld[kld.backend == "vulkan"].gpu_device.str.contains("llvmpipe").all()
     rec = json.loads(devicelab("recommend", "--lab-dir", tmp_path / "lab", "--recipe", recipe, "--json",
                                check=True).stdout)[0]
     lines = rec["backends"]
@@ -70,3 +74,17 @@ def test_cpu_and_vulkan_on_lavapipe(tmp_path, host_build, smol_path):
     loser = "vulkan" if lines[0].endswith("cpu wins") else "cpu"
     assert any(x.strip().startswith(f"{loser}: q8_0 decode ") and "×" in x for x in lines[1:])
     assert {c["backend"] for c in rec["candidates"]} == {"cpu", "vulkan"}
+
+
+def test_a_hidden_device_skips_the_backend_with_the_reason(tmp_path, host_build, smol_path):
+    """Without GGML_VK_VISIBLE_DEVICES ggml hides lavapipe: the Vulkan cells are skipped, saying so."""
+    recipe = tmp_path / "gpu.yaml"
+    recipe.write_text(RECIPE.replace("backends: [cpu, vulkan]", "backends: [vulkan]").split("  - {kind: kld")[0]
+                      + "recommend: {context: 512, max_kld_mean: 1, min_decode_tps: 0}\n")
+    env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
+    p = subprocess.run([sys.executable, "-m", "devicelab.cli", "run", recipe, "--lab-dir", tmp_path / "lab"],
+                       capture_output=True, text=True, env=env, timeout=1800)
+    assert p.returncode == 0, p.stdout + p.stderr
+    import sqlite3
+    got = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite").execute("SELECT status, error FROM cells").fetchall()
+    assert len(got) == 2 and all(st == "skipped" and "sees no vulkan device" in err for st, err in got), got

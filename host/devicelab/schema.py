@@ -103,6 +103,9 @@ class Row:
         d.update(self.context)
         base = asdict(self)
         base.pop("context")
+        for k in ("gpu_device", "n_gpu_layers", "flash_attn"):   # the cell's, unless the row knows better
+            if base[k] is None and self.context.get(k) is not None:
+                base.pop(k)
         d.update(base)
         d["unit"] = self.unit
         d["samples"] = json.dumps(self.samples) if self.samples is not None else None

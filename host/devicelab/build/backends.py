@@ -98,6 +98,15 @@ def variant(t: Target, backend: str, env=None) -> Target:
     return dataclasses.replace(t, name=name, flags=flags)
 
 
+def parse_devices(text: str) -> list[tuple[str, str]]:
+    """`llama-bench --list-devices`: [(name, description)], e.g. ("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)")."""
+    import re
+    out = []
+    for m in re.finditer(r"^\s+(\w+\d+): (.+?)(?: \(\d+ MiB, \d+ MiB free\))?\s*$", text, re.M):
+        out.append((m.group(1), m.group(2)))
+    return out
+
+
 def _host_arch() -> str:
     import platform
     return platform.machine().lower()

@@ -88,6 +88,8 @@ def parse_kld(text: str, p: KLDParams) -> list[Row]:
         raise DevicelabError(f"llama-perplexity printed no KL divergence statistics ({tail[:200]})")
     out = []
     gpu = gpu_from_log(text)
+    if "n_gpu_layers" not in gpu and p.n_gpu_layers is not None:
+        gpu["n_gpu_layers"] = p.n_gpu_layers          # as asked: the tool's log line saying so can be lost
     for metric, pat in PATTERNS.items():
         m = re.search(pat, text)
         common = dict(test=f"kld@c{p.ctx}x{p.chunks}", phase="perplexity", ctx=p.ctx, n=p.chunks, threads=p.threads,

@@ -78,6 +78,7 @@ def base_context(s: DeviceSession, cell, run_id: str) -> dict:
             "target": b.manifest["target"], "model": cell.model, "quant": cell.quant, "payload": cell.payload,
             "build_commit": b.manifest["commit"], "build_flags": b.manifest["flags"], "build_key": b.key,
             "device_facts": factsmod.summary(s.facts), "backend": cell.params.get("backend") or s.default_backend,
+            "gpu_device": next((d for _, d in s.gpu_devices.get(cell.params.get("backend"), [])), None),
             "device_mem_bytes": s.device.ram_budget_bytes or s.facts.get("mem_total_bytes"),
             "ram_budget_bytes": s.budget.bytes, "ram_budget_source": s.budget.line(),
             "battery_wh": s.battery_wh, "battery_source": s.battery_source,

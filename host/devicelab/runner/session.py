@@ -49,6 +49,7 @@ class DeviceSession:
         self.target = None
         self.default_backend = "cpu"
         self._builds: dict = {}             # backend -> its build, or the SkipCell saying why it cannot be
+        self.gpu_devices: dict = {}         # backend -> [(name, description)] its build sees
         self.snap_tools: set[str] = set()
         self.powermetrics = ""
         self.provenance: dict = {}          # device-wide conditions (the governor pin)
@@ -146,19 +147,41 @@ class DeviceSession:
                     tgt = backendsmod.variant(self.target, backend)
                 except backendsmod.NoBackend as e:
                     raise SkipCell(f"{self.name} cannot have the {backend} backend: {e}") from None
-                tgt = dataclasses.replace(tgt, tools=tuple(sorted(self.tools_needed)))
+                # llama-bench and llama-perplexity always (one build serves bench-only and KLD recipes alike),
+                # with what else this recipe's kinds run
+                tgt = dataclasses.replace(tgt, tools=tuple(sorted({"llama-bench", "llama-perplexity"}
+                                                                  | self.tools_needed)))
                 self.ev.lane(self.name, f"llama.cpp build ({tgt.name})")
                 if tgt.where == "device":
                     from ..build import remote
                     self._builds[backend] = remote.ensure(self.t, self.host.src, tgt, jobs=self.host.jobs)
                 else:
                     self._builds[backend] = self.host.build(tgt)
+                self.gpu_devices[backend] = self._list_devices(backend)
             except SkipCell as e:
                 self._builds[backend] = e
         b = self._builds[backend]
         if isinstance(b, SkipCell):
             raise b
         return b
+
+    def _list_devices(self, backend: str) -> list[tuple[str, str]]:
+        """The devices a backend's build sees on this device (`--list-devices`, printed synchronously: unlike
+        the tools' logs, never lost at exit). None seen: the cells of that backend are skipped, with the list."""
+        build = self._builds[backend]
+        tool = next((t for t in ("llama-bench", "llama-perplexity", "llama-server") if t in build.manifest["tools"]),
+                    None)
+        if tool is None:
+            return []
+        r = self.t.run([*self.device.exec_prefix, self.tool(tool, backend), "--list-devices"], timeout=120,
+                       env=self.device.env or None)
+        devs = [d for d in backendsmod.parse_devices(r.stdout) if not d[0].upper().startswith("CPU")]
+        if not devs:
+            raise SkipCell(f"the {backend} build of {self.name} sees no {backend} device ("
+                           + (r.stdout.strip().replace("\n", "; ")[:160] or f"exit {r.rc}")
+                           + "); a hidden device may need an environment variable in the lab file's env: "
+                           "(e.g. GGML_VK_VISIBLE_DEVICES=0 for a CPU-type Vulkan device)")
+        return devs
 
     def tool(self, name: str, backend: str | None = None) -> str:
         build = self.build_for(backend)
