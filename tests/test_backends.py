@@ -69,3 +69,29 @@ def test_cuda_plans(tmp_path):
     _exe(bin_, "nvidia-smi", 'echo "9.0"\necho "8.9"\n')
     c = backends.variant(targets.local_native(), "cuda", env)
     assert c.flags["GGML_CUDA"] == "ON" and c.flags["CMAKE_CUDA_ARCHITECTURES"] == "89;90"
+
+
+@pytest.mark.e2e
+@pytest.mark.skipif(not Path("/usr/include/CL/cl.h").exists(), reason="needs the OpenCL headers and ICD loader "
+                    "(Debian: opencl-headers ocl-icd-opencl-dev)")
+def test_the_opencl_variant_compiles_here_and_is_skipped_for_want_of_a_device(tmp_path, host_build, smol_path):
+    """ggml's OpenCL backend runs only on Adreno and Intel GPUs: this machine has neither, so the variant is
+    compiled (x86, Debian's headers and ICD loader) and its cells are skipped, saying so."""
+    import sqlite3
+
+    from conftest import devicelab
+    recipe = tmp_path / "ocl.yaml"
+    recipe.write_text("name: ocl\ndevices: [local]\nbackends: [opencl]\nmodels: [{name: smollm2-135m}]\n"
+                      "quants: [q8_0]\npayloads:\n  - {kind: bench, prompt: [8], gen: [4], threads: [2], "
+                      "repetitions: 1, n_gpu_layers: [99]}\n")
+    p = devicelab("run", recipe, "--lab-dir", tmp_path / "lab", timeout=3600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (st, err), = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite").execute("SELECT status, error FROM cells")
+    assert st == "skipped" and "sees no opencl device" in err and "only on Adreno and Intel GPUs" in err
+    import dataclasses
+
+    from devicelab.build import cache, source, targets
+    t = dataclasses.replace(backends.variant(targets.local_native(), "opencl"),
+                            tools=("llama-bench", "llama-perplexity"))
+    b = cache.find(source.resolve(None), t)
+    assert b is not None and b.manifest["flags"]["GGML_OPENCL"] == "ON"

@@ -74,6 +74,10 @@ def test_cpu_and_vulkan_on_lavapipe(tmp_path, host_build, smol_path):
     loser = "vulkan" if lines[0].endswith("cpu wins") else "cpu"
     assert any(x.strip().startswith(f"{loser}: q8_0 decode ") and "×" in x for x in lines[1:])
     assert {c["backend"] for c in rec["candidates"]} == {"cpu", "vulkan"}
+    out = tmp_path / "r.html"
+    devicelab("report", "--lab-dir", tmp_path / "lab", "--recipe", recipe, "-o", out, check=True)
+    html = out.read_text()
+    assert "backends: smollm2-135m q8_0: " in html and "<td>vulkan</td>" in html
 
 
 def test_a_hidden_device_skips_the_backend_with_the_reason(tmp_path, host_build, smol_path):

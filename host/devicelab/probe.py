@@ -10,6 +10,24 @@ from .telemetry import normalize, sampler_csv, snapshots
 from .transports import open_transport
 
 
+def gpu_backends(t, dev: Device) -> str:
+    """Per backend: buildable for this device's target, or why not (the devices each build sees are listed when
+    a run builds it: `--list-devices`)."""
+    from . import facts as factsmod
+    from .build import backends
+    from .runner.session import target_for
+    kit = kitmod.ensure(t)
+    tgt, _ = target_for(t, dev, factsmod.collect(t, kit, dev.telemetry_root))
+    out = []
+    for b in backends.BACKENDS:
+        try:
+            backends.variant(tgt, b)
+            out.append(f"{b}: yes")
+        except backends.NoBackend as e:
+            out.append(f"{b}: no ({e})")
+    return "; ".join(out)
+
+
 def probe(dev: Device) -> dict[str, tuple[bool, str]]:
     t = open_transport(dev)
     t.connect()
@@ -61,6 +79,15 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
             if he
             else "no hwmon power, current×voltage or energy inputs, nor a Jetson iio power monitor",
         )
+        gpus = [f"{d} ({m.get('type')})" for d, m in tr.meta.items() if m.get("kind") == "gpu"]
+        grails = [lab for lab, _, _ in rails if "GPU" in lab.upper()]
+        nv = t.sh("command -v nvidia-smi >/dev/null 2>&1").rc == 0
+        res["GPU telemetry (kgsl, devfreq, Tegra load, GPU rails, nvidia-smi)"] = (
+            bool(gpus or grails or nv),
+            "; ".join(gpus + [f"rail {x}" for x in grails] + (["nvidia-smi"] if nv else []))
+            or "no readable GPU clock, load or rail, no nvidia-smi",
+        )
+        res["GPU backends its builds can have"] = (True, gpu_backends(t, dev))
         st = t.run(["test", "-r", "/proc/self/status"]).rc == 0
         res["payload peak RSS (/proc/PID/status)"] = (st, "VmHWM/VmRSS" if st else "no /proc (macOS: not available)")
         res["sub-second clock"] = (

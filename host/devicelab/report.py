@@ -71,6 +71,14 @@ def _quality_plot(w: pd.DataFrame, rows: pd.DataFrame) -> str | None:
     return _png(fig)
 
 
+def _backend_label(d: pd.DataFrame) -> pd.Series:
+    """Per row: its backend and layers offloaded ("vulkan ngl=99"), where the lab measured several backends."""
+    if "backend" not in d.columns or d["backend"].nunique(dropna=True) < 2:
+        return pd.Series("", index=d.index)
+    ngl = d["n_gpu_layers"].map(lambda v: f" ngl={int(v)}" if pd.notna(v) else "") if "n_gpu_layers" in d else ""
+    return d["backend"].fillna("").astype(str) + ngl
+
+
 def _speed_plot(rows: pd.DataFrame) -> str | None:
     sp = rows[
         rows.metric.isin(["prefill_tps", "decode_tps"])
@@ -81,15 +89,17 @@ def _speed_plot(rows: pd.DataFrame) -> str | None:
     if sp.empty:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    sp = sp.assign(_be=_backend_label(sp))
     for ax, metric in zip(axes, ("prefill_tps", "decode_tps")):
         d = sp[sp.metric == metric]
-        for (dev, model, th), g in d.groupby(["device", "model", "threads"]):
+        for (dev, model, th, be), g in d.groupby(["device", "model", "threads", "_be"]):
             g = (
                 g.groupby("quant")
                 .agg(bpw=("bpw", "first"), v=("value", "max"), sd=("stddev", "max"))
                 .sort_values("bpw")
             )
-            ax.errorbar(g.bpw, g.v, yerr=g.sd.fillna(0), fmt="o-", capsize=2, label=f"{dev} · {model} · {th} thr")
+            ax.errorbar(g.bpw, g.v, yerr=g.sd.fillna(0), fmt="o-", capsize=2,
+                        label=f"{dev} · {model} · {th} thr" + (f" · {be}" if be else ""))
         ax.set(xlabel="bits per weight (file)", ylabel="tokens/s", title=metric.replace("_tps", " t/s"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -101,9 +111,10 @@ def _energy_plot(rows: pd.DataFrame) -> str | None:
     if e.empty:
         return None
     fig, ax = plt.subplots(figsize=(5, 3.4))
-    for (dev, model, phase), g in e.groupby(["device", "model", "phase"]):
+    e = e.assign(_be=_backend_label(e))
+    for (dev, model, phase, be), g in e.groupby(["device", "model", "phase", "_be"]):
         g = g.groupby("quant").agg(bpw=("bpw", "first"), v=("value", "min")).sort_values("bpw")
-        ax.plot(g.bpw, g.v, "o-", label=f"{dev} · {model} · {phase}")
+        ax.plot(g.bpw, g.v, "o-", label=f"{dev} · {model} · {phase}" + (f" · {be}" if be else ""))
     ax.set(xlabel="bits per weight", ylabel="J / token", title="energy per token")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

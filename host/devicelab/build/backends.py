@@ -94,8 +94,19 @@ def variant(t: Target, backend: str, env=None) -> Target:
     if not shutil.which("nvcc", path=env.get("PATH")):
         raise NoBackend("no CUDA toolkit (nvcc) on this host: install it, or put it on PATH")
     flags["GGML_CUDA"] = "ON"
-    flags["CMAKE_CUDA_ARCHITECTURES"] = cuda_architectures(env) or "native"
+    arch = cuda_architectures(env)
+    if arch:                # else llama.cpp's own list of architectures (no GPU here to ask)
+        flags["CMAKE_CUDA_ARCHITECTURES"] = arch
     return dataclasses.replace(t, name=name, flags=flags)
+
+
+NO_DEVICE_HINT = {
+    "vulkan": "a hidden device may need an environment variable in the lab file's env: (GGML_VK_VISIBLE_DEVICES=0 "
+              "for a CPU-type Vulkan device such as lavapipe)",
+    "opencl": "ggml's OpenCL backend runs only on Adreno and Intel GPUs",
+    "cuda": "CUDA_VISIBLE_DEVICES may hide it",
+    "metal": "a Mac without a Metal device",
+}
 
 
 def parse_devices(text: str) -> list[tuple[str, str]]:

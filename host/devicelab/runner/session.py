@@ -179,8 +179,7 @@ class DeviceSession:
         if not devs:
             raise SkipCell(f"the {backend} build of {self.name} sees no {backend} device ("
                            + (r.stdout.strip().replace("\n", "; ")[:160] or f"exit {r.rc}")
-                           + "); a hidden device may need an environment variable in the lab file's env: "
-                           "(e.g. GGML_VK_VISIBLE_DEVICES=0 for a CPU-type Vulkan device)")
+                           + f"); {backendsmod.NO_DEVICE_HINT.get(backend, '')}")
         return devs
 
     def tool(self, name: str, backend: str | None = None) -> str:
