@@ -252,10 +252,10 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None)
             ept,
             acc,
             dh,
-            bsource,
-            backend,
-            tacc,
-            base,
+            ram_budget_source=bsource,
+            backend=backend,
+            task_accuracy=tacc,
+            base_accuracy=base,
         )
         threads = c.decode_threads
         for k, v in _energy(g, threads, spec, first).items():
