@@ -42,6 +42,7 @@ class EvalSpec(Spec):
     limit: int | None = Field(default=None, ge=1)  # lm-eval --limit: first N documents per task
     slots: int = Field(default=1, ge=1, le=64)     # llama-server --parallel = lm-eval num_concurrent
     chat: bool = False                             # local-chat-completions (the model's chat template)
+    n_gpu_layers: int | None = Field(default=None, ge=0)   # device routes: llama.cpp -ngl (99 = all)
 
     @model_validator(mode="after")
     def _route_fields(self) -> "EvalSpec":
@@ -70,7 +71,10 @@ class EvalSpec(Spec):
             keep = ("route", "include", "lm_tasks", "limit", "ctx", "threads", "slots", "chat")
         else:
             keep = ("route", "include", "lm_tasks", "limit", "ctx", "threads")
-        return {k: getattr(self, k) for k in keep}
+        out = {k: getattr(self, k) for k in keep}
+        if self.n_gpu_layers is not None and self.route != "host-loglikelihood":   # set: a new cell
+            out["n_gpu_layers"] = self.n_gpu_layers
+        return out
 
 
 def resolve_include(spec: str, recipe_dir: Path) -> Path:
@@ -84,6 +88,8 @@ def device_mc_argv(tool: str, model: str, data: str, P: dict, threads: int) -> l
     a = [tool, "-m", model, "-f", data, flag, "-c", str(P["ctx"]), "-t", str(threads), "-b", str(max(512, P["ctx"]))]
     if P.get("tasks"):
         a += [count, str(P["tasks"])]
+    if P.get("n_gpu_layers") is not None:
+        a += ["-ngl", str(P["n_gpu_layers"])]
     return a
 
 
@@ -185,7 +191,8 @@ class Eval(Kind):
         port = random.randint(20000, 45000)          # on the device's loopback only
         return Prepared([("main", [cx.tool("llama-server"), "-m", cx.model(), "-c", str(P["ctx"] * slots),
                                    "-np", str(slots), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-                                   "--metrics", "--no-webui"])])
+                                   "--metrics", "--no-webui"]
+                                  + (["-ngl", str(P["n_gpu_layers"])] if P.get("n_gpu_layers") is not None else []))])
 
     def drive(self, cx, cell, url):
         from .. import lmeval
