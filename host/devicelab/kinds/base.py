@@ -47,6 +47,7 @@ class RunOutput:
     stdout: str = ""
     stderr: str = ""
     window: tuple[float, float] | None = None
+    argv: list = field(default_factory=list)        # the command line it ran (argv.json)
 
 
 @dataclass
@@ -169,6 +170,14 @@ _GPU_LINES = (re.compile(r"ggml_vulkan: 0 = ([^|\n]+?)\s*(?:\||$)", re.M),      
               re.compile(r"^\S*\s*\S*\s*Device 0: ([^,\n]+)", re.M),                # CUDA (ggml_cuda_init)
               re.compile(r"using device \S+ \((.+?)\) (?:\(|-)"))                  # any, at model load
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+
+
+def log_safe_threads(facts: dict) -> int:
+    """Threads for a payload whose results are its log lines (llama-perplexity's KLD and task scores, not a
+    speed): one CPU left to llama.cpp's log thread, which the process does not wait for at exit (upstream
+    issue 22142) and which a payload on every CPU starves until its last lines are lost."""
+    n = facts.get("cpu_count") or 1
+    return max(1, n - 1)
 
 
 def gpu_from_log(text: str) -> dict:

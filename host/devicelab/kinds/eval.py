@@ -22,7 +22,7 @@ from pydantic import Field, model_validator
 from ..errors import DevicelabError
 from ..schema import Row, missing
 from ..telemetry.normalize import Phase
-from .base import DEVICE, HOST, SERVED, Artifacts, Kind, Parsed, Prepared, Spec, plain, register
+from .base import DEVICE, HOST, SERVED, Artifacts, Kind, Parsed, Prepared, Spec, log_safe_threads, plain, register
 
 ROUTES = {"device-mc": DEVICE, "server-generate": SERVED, "host-loglikelihood": HOST}
 FLAGS = {"hellaswag": ("--hellaswag", "--hellaswag-tasks"), "winogrande": ("--winogrande", "--winogrande-tasks"),
@@ -184,6 +184,7 @@ class Eval(Kind):
         P = cell.params
         threads = P.get("threads") or cx.facts.get("cpu_count") or 1
         if P["route"] == "device-mc":
+            threads = P.get("threads") or log_safe_threads(cx.facts)        # its score is in its log lines
             data = cx.host.resolve_text(P["data"], what="eval data")
             return Prepared([("main", device_mc_argv(cx.tool("llama-perplexity"), cx.model(), cx.push(data), P,
                                                      threads))])

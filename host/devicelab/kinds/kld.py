@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 
 from ..errors import DevicelabError
 from ..schema import Row, missing
-from .base import Artifacts, Kind, Parsed, Prepared, Spec, gpu_from_log, register
+from .base import Artifacts, Kind, Parsed, Prepared, Spec, gpu_from_log, log_safe_threads, register
 
 DEFAULT_TEXT = "llama.cpp:docs/build.md"   # ships with the pinned llama.cpp source: on every machine
 
@@ -113,7 +113,7 @@ def parse_base_ppl(text: str) -> float | None:
 
 
 def _params(P: dict, facts: dict) -> KLDParams:
-    return KLDParams(ctx=P["ctx"], chunks=P["chunks"], threads=P.get("threads") or facts.get("cpu_count") or 1,
+    return KLDParams(ctx=P["ctx"], chunks=P["chunks"], threads=P.get("threads") or log_safe_threads(facts),
                      n_gpu_layers=P.get("n_gpu_layers"))
 
 
@@ -158,6 +158,9 @@ class KLD(Kind):
 
     def parse(self, a: Artifacts) -> Parsed:
         kp = _params(a.params, a.facts)
+        argv = [str(x) for x in a.main.argv]
+        if "-t" in argv[:-1]:                  # the threads it ran with, whatever today's default
+            kp = KLDParams(kp.ctx, kp.chunks, int(argv[argv.index("-t") + 1]), kp.batch, kp.n_gpu_layers)
         out = parse_kld(a.main.stdout + "\n" + a.main.stderr, kp)
         if "check" in a.runs:
             chk = {r.metric: r for r in parse_kld(a.runs["check"].stdout + "\n" + a.runs["check"].stderr, kp)}

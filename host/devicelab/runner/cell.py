@@ -87,7 +87,7 @@ def base_context(s: DeviceSession, cell, run_id: str) -> dict:
 
 # a run whose output lost its last lines (llama.cpp's logger is not flushed at exit: upstream issue 22142) is run
 # again this many times at most; the runs are kept in cell.json
-LOST_TAIL_RERUNS = 2
+LOST_TAIL_RERUNS = 4
 
 
 def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:

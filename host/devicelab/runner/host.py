@@ -146,7 +146,7 @@ class HostWork:
     def model_source(self, name: str) -> store.ModelSource:
         def make():
             with self.cpu.work(f"model {name}"):     # a conversion or a download: host work
-                ms = store.resolve_model(self.model_specs[name], self.src)
+                ms = store.resolve_model(self.model_specs[name], self.src, progress=self.ev.progress)
             lora = self.lora_specs.get(name)
             if not lora:
                 return ms
