@@ -208,11 +208,7 @@ def _now() -> str:
 def _pull(s: DeviceSession, res: CommandResult, runner, env, remote_out, local_out, cell, tool) -> None:
     local_out.mkdir(parents=True, exist_ok=True)
     (local_out / "argv.json").write_text(json.dumps({"argv": runner, "env": env}))
-    for name in PULLED:
-        try:
-            s.t.get(posixpath.join(remote_out, name), local_out / name)
-        except OSError:
-            pass
+    s.t.get_many(remote_out, PULLED, local_out)
     err = local_out / "stderr.txt"
     stderr = err.read_text(errors="replace") if err.exists() else res.stderr
     if res.rc != 0:

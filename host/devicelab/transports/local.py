@@ -53,6 +53,12 @@ class LocalTransport(Transport):
         except OSError:
             shutil.copyfile(local, dst)
 
+    def get_many(self, remote_dir: str, names, local_dir: Path) -> None:
+        """This machine's own files: copied directly."""
+        for n in names:
+            if (Path(remote_dir) / n).is_file():
+                self.get(str(Path(remote_dir) / n), local_dir / n)
+
     def get(self, remote: str, local: Path) -> None:
         local.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(remote, local)
