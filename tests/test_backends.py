@@ -16,6 +16,13 @@ def _exe(d: Path, name: str, text: str) -> None:
     p.chmod(p.stat().st_mode | stat.S_IEXEC)
 
 
+def _empty_path(tmp_path: Path) -> tuple[Path, dict]:
+    """A PATH holding only what the test puts in it."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    return bin_, {"PATH": str(bin_)}
+
+
 def test_defaults_and_cpu():
     local = targets.local_native()
     assert backends.default_backend(local) == "cpu" and backends.variant(local, "cpu") is local
@@ -31,9 +38,7 @@ def test_defaults_and_cpu():
 
 
 def test_vulkan_plans(tmp_path):
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    env = {"PATH": str(bin_)}
+    bin_, env = _empty_path(tmp_path)
     with pytest.raises(backends.NoBackend, match="glslc, which this host lacks"):
         backends.variant(targets.local_native(), "vulkan", env)
     _exe(bin_, "glslc", "exit 0\n")
@@ -57,9 +62,7 @@ def test_opencl_plans():
 
 
 def test_cuda_plans(tmp_path):
-    bin_ = tmp_path / "bin"
-    bin_.mkdir()
-    env = {"PATH": str(bin_)}
+    bin_, env = _empty_path(tmp_path)
     with pytest.raises(backends.NoBackend, match="no CUDA toolkit"):
         backends.variant(targets.local_native(), "cuda", env)
     with pytest.raises(backends.NoBackend, match="native Linux builds"):

@@ -139,16 +139,6 @@ def _name(folder: Path) -> str:
     return re.sub(r"[^\w.-]", "_", folder.name) or "model"
 
 
-def _run_converter(argv: list[str], tree: Path, log: Path, what: str) -> None:
-    with open(log, "ab") as fh:
-        fh.write(("\n$ " + " ".join(map(str, argv)) + "\n").encode())
-    r = subprocess.run(list(map(str, argv)), capture_output=True, text=True, env=converter_env(tree))
-    with open(log, "a") as fh:
-        fh.write(r.stdout + r.stderr)
-    if r.returncode != 0:
-        raise DevicelabError(f"{what}: {_refusal(r.stderr or r.stdout)}; full log: {log}")
-
-
 def lora_to_gguf(adapter: Path, base_checkpoint: Path, source=None) -> Path:
     """A PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) as a GGUF LoRA, with the pinned
     source's convert_lora_to_gguf.py; the base checkpoint gives its config. Cached by the adapter's content."""
@@ -167,9 +157,14 @@ def lora_to_gguf(adapter: Path, base_checkpoint: Path, source=None) -> Path:
     check_extra()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.gguf")
-    _run_converter([sys.executable, src.path / "convert_lora_to_gguf.py", "--base", base_checkpoint,
-                    "--outfile", tmp, "--outtype", "f32", adapter], src.path, out.parent / "convert.log",
-                   f"{adapter.name}: the pinned convert_lora_to_gguf.py ({src.short}) cannot take this adapter")
+    log = out.parent / "convert.log"
+    rc, text = _stream([str(x) for x in (sys.executable, src.path / "convert_lora_to_gguf.py", "--base",
+                                         base_checkpoint, "--outfile", tmp, "--outtype", "f32", adapter)],
+                       converter_env(src.path), log, None, "")
+    if rc != 0 or not tmp.exists():
+        tmp.unlink(missing_ok=True)
+        raise DevicelabError(f"{adapter.name}: the pinned convert_lora_to_gguf.py ({src.short}) cannot take this "
+                             f"adapter: {_refusal(text)}; full log: {log}")
     tmp.rename(out)
     return out
 

@@ -124,11 +124,7 @@ class Ladder:
         info = self.source_info()
         log = log or self.dir / "quantize.log"
         if info.file_type in FLOAT_FILE_TYPES and not self.split:
-            out.unlink(missing_ok=True)
-            try:
-                out.hardlink_to(self.source.resolve())
-            except OSError:
-                shutil.copyfile(self.source.resolve(), out)
+            self._link_source(out)
             return _finish(
                 "base",
                 out,
@@ -169,6 +165,14 @@ class Ladder:
             },
         )
 
+    def _link_source(self, out: Path) -> None:
+        """The source file itself as `out` (hard link, else a copy; through the HF cache's symlinks)."""
+        out.unlink(missing_ok=True)
+        try:
+            out.hardlink_to(self.source.resolve())
+        except OSError:
+            shutil.copyfile(self.source.resolve(), out)
+
     def has_base(self) -> bool:
         return _cached(self.path_for("base")) is not None
 
@@ -193,11 +197,7 @@ class Ladder:
         if imatrix is None and not self.split and self.source_info().file_type == _file_type(quant):
             # the source is already this quant (a published GGUF of a repo): measured as published, not
             # requantized from a base made of it
-            out.unlink(missing_ok=True)
-            try:
-                out.hardlink_to(self.source.resolve())
-            except OSError:
-                shutil.copyfile(self.source.resolve(), out)
+            self._link_source(out)
             return _finish(quant, out, {"as_published": True, "source": str(self.source),
                                         "source_sha256": self.source_sha})
         self._need_disk(base.manifest["bytes"])
