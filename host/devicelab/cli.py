@@ -213,11 +213,13 @@ class _RichEvents:
 @click.option("--lab-dir", default=None, help="where the ledger and artifacts live (default ./labdata)")
 @click.option("--source", "src_spec", default=None, help="override the recipe's llama.cpp source")
 @click.option("-j", "--jobs", type=int, default=None)
-def run(recipe, lab_file, lab_dir, src_spec, jobs):
+@click.option("--cluster", default=None, metavar="HEAD:PORT",
+              help="run each device's lane on the lab host it is plugged into (default: the lab file's cluster:)")
+def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster):
     """Run a recipe on every device at once; finished cells are skipped, an interrupted run resumes."""
     from .runner.orchestrator import Orchestrator
 
-    ex = Orchestrator(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs)
+    ex = Orchestrator(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs, cluster=cluster)
     with _progress() as prog:
         ex.ev = _RichEvents(prog)
         try:
@@ -239,6 +241,51 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs):
     if rep.failed:
         err.print(f"[red]{len(rep.failed)} cell(s) failed[/]; see `devicelab cells` and run again to retry")
         sys.exit(1)
+
+
+_LAB = click.option("--lab", "lab_file", type=click.Path(path_type=Path, exists=True), required=True,
+                    help="the lab file: each device's lab_host says which host it is plugged into")
+_NODE_IP = click.option("--node-ip", default=None, help="this host's address the other lab hosts reach it at")
+_RAY_ARG = click.option("--ray-arg", "ray_args", multiple=True, help="passed to `ray start` (e.g. --num-cpus=2)")
+
+
+@main.command()
+@_LAB
+@click.option("--port", type=int, default=6379, show_default=True)
+@_NODE_IP
+@click.option("--host", "host", default=None, help="this lab host's name (default: the machine's)")
+@click.option("--source", "src_spec", default=None, help="the llama.cpp source every lab host must have")
+@_RAY_ARG
+def head(lab_file, port, node_ip, host, src_spec, ray_args):
+    """Start this host as the lab's Ray head (foreground), advertising its devices (those with no lab_host)."""
+    from . import lab as labmod
+    from .cluster import node
+
+    sys.exit(node.run_head(labmod.load(lab_file), host or labmod.this_host(), port, node_ip, src_spec, ray_args,
+                           say=console.print))
+
+
+@main.command()
+@_LAB
+@click.option("--address", default=None, metavar="HEAD:PORT", help="the head (default: the lab file's cluster:)")
+@_NODE_IP
+@click.option("--host", "host", default=None, help="this lab host's name, as the lab file's lab_host gives it "
+              "(default: the machine's)")
+@click.option("--source", "src_spec", default=None, help="this host's llama.cpp source (must be the head's commit)")
+@click.option("--cache", type=click.Path(path_type=Path), default=None,
+              help="where this host keeps the files it gets from the head (default: DEVICELAB_HOME/node-cache)")
+@_RAY_ARG
+def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args):
+    """Join this host to the lab's Ray cluster (foreground), advertising the devices plugged into it."""
+    from . import lab as labmod
+    from .cluster import node
+
+    lab = labmod.load(lab_file)
+    address = address or lab.cluster
+    if not address:
+        raise DevicelabError("no head to join: give --address HEAD:PORT or `cluster: HEAD:PORT` in the lab file")
+    sys.exit(node.run_worker(lab, address, host or labmod.this_host(), node_ip, src_spec, cache, ray_args,
+                             say=console.print))
 
 
 @main.command()

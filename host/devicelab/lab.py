@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 from pathlib import Path
 from typing import Annotated, Union
 
@@ -10,6 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from .errors import DevicelabError
 from .transports.settings import ADBSettings, DeviceBase, LocalSettings, SSHSettings
 from .validation import load_yaml, one_line
+
+LAB_HOST_ENV = "DEVICELAB_LAB_HOST"          # a Ray node's lab-host name, inherited by the lanes it runs
+
+
+def this_host() -> str:
+    """The lab host this process drives devices from: its node's `--host` in a cluster, else the machine's name."""
+    return os.environ.get(LAB_HOST_ENV) or platform.node()
+
 
 # one settings model per transport (transports/settings.py), picked by `transport:` (default local)
 Device = Annotated[Union[LocalSettings, SSHSettings, ADBSettings], Field(discriminator="transport")]
@@ -23,6 +33,7 @@ def device_from(entry: dict) -> DeviceBase:
 class Lab(BaseModel):
     model_config = ConfigDict(extra="forbid")
     devices: list[Device] = Field(default_factory=lambda: [LocalSettings(name="local")])
+    cluster: str | None = Field(default=None, pattern=r"^[^\s:]+:[0-9]{1,5}$")   # the Ray head, HOST:PORT
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -39,6 +50,11 @@ class Lab(BaseModel):
             return LocalSettings(name="local")
         known = ", ".join(d.name for d in self.devices) or "none"
         raise DevicelabError(f"device {name!r} is not in the lab file (known: {known}); add it under devices:")
+
+
+    def hosted_by(self, host: str | None) -> list[DeviceBase]:
+        """The devices plugged into one lab host (None: the head)."""
+        return [d for d in self.devices if d.lab_host == host]
 
 
 def load(path: Path | None) -> Lab:

@@ -59,7 +59,7 @@ ROW_COLUMNS = [
     "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
     "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
     "model_source", "imatrix",
-    "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes",
+    "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes", "lab_host",
     "ram_budget_bytes", "ram_budget_source", "battery_wh", "battery_source",
     "temp_start_c", "temp_end_c", "throttled", "energy_calibration", "host_activity", "recorded_at",
 ]

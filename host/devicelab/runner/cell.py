@@ -13,6 +13,7 @@ from contextlib import ExitStack
 
 from .. import facts as factsmod
 from .. import kinds
+from .. import lab as labmod
 from ..errors import DevicelabError, RetryableError
 from ..kinds.base import HOST, SERVED, SkipCell
 from ..models.gguf_info import ModelInfo
@@ -77,7 +78,8 @@ def base_context(s: DeviceSession, cell, run_id: str) -> dict:
     return {"run_id": run_id, "cell_id": cell.cell_id, "recipe": cell.recipe, "device": cell.device,
             "target": b.manifest["target"], "model": cell.model, "quant": cell.quant, "payload": cell.payload,
             "build_commit": b.manifest["commit"], "build_flags": b.manifest["flags"], "build_key": b.key,
-            "device_facts": factsmod.summary(s.facts), "backend": cell.params.get("backend") or s.default_backend,
+            "device_facts": factsmod.summary(s.facts), "lab_host": labmod.this_host(),
+            "backend": cell.params.get("backend") or s.default_backend,
             "gpu_device": next((d for _, d in s.gpu_devices.get(cell.params.get("backend"), [])), None),
             "device_mem_bytes": s.device.ram_budget_bytes or s.facts.get("mem_total_bytes"),
             "ram_budget_bytes": s.budget.bytes, "ram_budget_source": s.budget.line(),

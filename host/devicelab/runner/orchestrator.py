@@ -120,7 +120,7 @@ class Lane:
 
 class Orchestrator:
     def __init__(self, recipe_path: Path, lab_path: Path | None, lab_dir: Path, events: Events | None = None,
-                 source_override: str | None = None, jobs: int | None = None):
+                 source_override: str | None = None, jobs: int | None = None, cluster: str | None = None):
         self.recipe, self.recipe_sha = recipes.load(recipe_path)
         self.recipe_dir = Path(recipe_path).resolve().parent
         self.lab = labmod.load(lab_path)
@@ -130,25 +130,52 @@ class Orchestrator:
         self.ev = events or Events()
         self.source_spec = source_override or self.recipe.source
         self.jobs = jobs
+        self.cluster = cluster or self.lab.cluster       # a Ray head's HOST:PORT: lanes on their devices' hosts
         self.lanes: list[Lane] = []
         self.host: HostWork | None = None
+
+    def host_kwargs(self) -> dict:
+        r = self.recipe
+        return dict(source_spec=self.source_spec, models={m.name: m.source for m in r.models},
+                    recipe_dir=self.recipe_dir, jobs=self.jobs,
+                    imatrix={m.name: m.imatrix for m in r.models if m.imatrix},
+                    lora={m.name: m.lora for m in r.models if m.lora})
 
     def run(self) -> RunReport:
         t0 = time.time()
         r = self.recipe
-        host = self.host = HostWork(self.source_spec, {m.name: m.source for m in r.models}, self.recipe_dir, self.ev,
-                                    self.jobs, imatrix={m.name: m.imatrix for m in r.models if m.imatrix},
-                                    lora={m.name: m.lora for m in r.models if m.lora})
+        host = self.host = HostWork(**self.host_kwargs(), events=self.ev)
         shas = {m.name: host.model_sha(m.name) for m in r.models}
         cells = expand(r, host.src.commit, shas)
         self.ledger.register(cells)
         todo = [c for c in cells if self.ledger.status(c.cell_id) not in (DONE, SKIPPED)]
+        placement = None
+        if self.cluster and todo:
+            from ..cluster.placement import ClusterPlacement
+            placement = ClusterPlacement(self, self.cluster)      # connects and checks before the run starts
         run_id = self.ledger.start_run(r.name, self.recipe_sha, len(cells))
         rep = RunReport(run_id, len(cells), len(cells) - len(todo))
         self.ev.cells(len(todo))
+        lanes = [(self.lab.device(d), [c for c in todo if c.device == d]) for d in r.devices
+                 if any(c.device == d for c in todo)]
+        try:
+            (placement.run if placement is not None else self._run_here)(lanes, run_id, rep)
+        except KeyboardInterrupt:
+            rep.status = "interrupted"
+            raise
+        finally:
+            self.ledger.fail_running(run_id, "the run ended while this cell ran")
+            rep.seconds = time.time() - t0
+            if rep.failed and rep.status == "done":
+                rep.status = "failed"
+            self.ledger.finish_run(run_id, rep.status, rep.ran, rep.skipped)
+        return rep
+
+    def _run_here(self, lanes, run_id: str, rep: RunReport) -> None:
+        """Every lane a thread of this process; rep gets what ran and what failed, however it ends."""
         stop = threading.Event()
-        self.lanes = [Lane(self.lab.device(d), [c for c in todo if c.device == d], run_id, self.ledger, host,
-                           self.ev, r.telemetry, stop) for d in r.devices if any(c.device == d for c in todo)]
+        self.lanes = [Lane(d, cells, run_id, self.ledger, self.host, self.ev, self.recipe.telemetry, stop)
+                      for d, cells in lanes]
         try:
             for lane in self.lanes:
                 lane.thread.start()
@@ -156,7 +183,6 @@ class Orchestrator:
                 while lane.thread.is_alive():
                     lane.thread.join(0.2)
         except KeyboardInterrupt:
-            rep.status = "interrupted"
             stop.set()
             for lane in self.lanes:            # stop the running payloads; each lane puts its device back
                 if lane.session is not None:
@@ -166,11 +192,5 @@ class Orchestrator:
                 lane.thread.join(max(0.0, deadline - time.time()))
             raise
         finally:
-            self.ledger.fail_running(run_id, "the run ended while this cell ran")
             rep.ran = sum(lane.ran for lane in self.lanes)
             rep.failed = [c for lane in self.lanes for c in lane.failed]
-            rep.seconds = time.time() - t0
-            if rep.failed and rep.status == "done":
-                rep.status = "failed"
-            self.ledger.finish_run(run_id, rep.status, rep.ran, rep.skipped)
-        return rep

@@ -24,6 +24,9 @@ class DeviceBase(BaseModel):
     # environment variables for its payloads (GGML_VK_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, …)
     backends: list[Literal["cpu", "vulkan", "opencl", "metal", "cuda"]] | None = None
     env: dict[str, str] = {}
+    # the lab host it is plugged into (its `devicelab worker --host NAME`); unset: the head, where `devicelab run`
+    # runs. Only a run across a cluster (`--cluster`) places it there; a single-host run drives every device here
+    lab_host: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
 
     @field_validator("name")
     @classmethod

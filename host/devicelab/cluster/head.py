@@ -1,0 +1,341 @@
+"""The head's services and the lane that calls them from another node.
+
+`Head` is one actor on the head node (where `devicelab run --cluster` runs). It holds the one ledger and the
+one HostWork — builds, quants, base logits and host evals made once — and runs the lanes of the devices
+plugged into the head itself, as threads beside that work, exactly as a single-host run does (so a device
+measuring on the head's CPUs still measures alone). A device on another lab host gets a `LaneActor` there,
+holding its resource: the same Lane, with a ledger, host work and events that reach the head through
+Ray. The lane writes its cells' artifacts into a local staging folder; they go to the head, into the
+ledger's artifacts, before the cell's rows are recorded — so results, `reparse` and resume work as on one
+host. Files the head hands out come back by content hash into the node's cache (blobs.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import ray
+
+from .. import schema as _schema  # noqa: F401 - rows are unpickled on the head
+from ..build.cache import Build
+from ..errors import DevicelabError
+from ..hashing import sha256_file
+from ..lab import device_from, this_host
+from ..ledger import Ledger
+from ..runner.host import HostCPUs, HostWork
+from ..runner.orchestrator import Events, Lane
+from . import KV_NAMESPACE, blobs, lease_key
+
+LEDGER_CALLS = {"begin_cell", "set_artifacts", "finish_cell", "skip_cell", "fail_cell", "status", "cell",
+                "device_fact", "set_device_fact"}
+EVENTS = ("stage", "build_progress", "progress", "cells", "lane", "cell_start", "cell_done")
+
+
+class RelayEvents(Events):
+    """Events put on the driver's queue, in order (each put returns before the next)."""
+
+    def __init__(self, queue):
+        self.q = queue
+
+    def _put(self, name, *args):
+        try:
+            self.q.put((name, args), timeout=30)
+        except Exception:  # noqa: BLE001 - the driver's display is not worth a lane
+            pass
+
+
+for _name in EVENTS:
+    setattr(RelayEvents, _name, lambda self, *a, _n=_name: self._put(_n, *a))
+
+
+def _desc(path: Path, sha: str | None = None) -> tuple[str, str, int]:
+    p = Path(path)
+    return str(p), sha or sha256_file(p), p.stat().st_size
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=64)
+class Head:
+    def __init__(self, ledger_path: str, host_kwargs: dict, queue, telemetry, run_id: str):
+        self.ev = RelayEvents(queue)
+        self.ledger = Ledger(Path(ledger_path))
+        self.host = HostWork(**host_kwargs, events=self.ev)
+        self.telemetry, self.run_id = telemetry, run_id
+        self._files: dict[str, str] = {}        # paths handed out -> sha256: the only files read() serves
+        self._builds: dict[str, Build] = {}
+        self._guard = threading.Lock()
+        self.stop = threading.Event()
+        self.lanes: dict[str, Lane] = {}
+
+    def _give(self, path, sha: str | None = None) -> tuple[str, str, int]:
+        d = _desc(path, sha)
+        with self._guard:
+            self._files[d[0]] = d[1]
+        return d
+
+    # ---- the one ledger ----
+    def ledger_call(self, name: str, a: tuple, kw: dict):
+        if name not in LEDGER_CALLS:
+            raise DevicelabError(f"the head's ledger has no call {name}")
+        return getattr(self.ledger, name)(*a, **kw)
+
+    def put_artifacts(self, cell_id: str, files: dict[str, bytes]) -> None:
+        d = (self.ledger.artifacts_dir / cell_id).resolve()
+        for rel, data in files.items():
+            p = (d / rel).resolve()
+            if d not in p.parents:
+                raise DevicelabError(f"{cell_id}: an artifact outside its cell's folder: {rel}")
+            p.parent.mkdir(parents=True, exist_ok=True)
+            tmp = p.with_name(p.name + ".part")
+            tmp.write_bytes(data)
+            tmp.rename(p)
+
+    # ---- host work, once ----
+    def info(self) -> dict:
+        src = self.host.src
+        return {"jobs": self.host.jobs, "commit": src.commit, "source_spec": self.host.source_spec}
+
+    def build(self, tgt) -> tuple[dict, dict]:
+        b = self.host.build(tgt)
+        self._builds[b.key] = b
+        return b.manifest, {n: self._give(b.tool(n), sha) for n, sha in b.manifest["tools"].items()}
+
+    def quant(self, model: str, quant: str):
+        qf = self.host.quant(model, quant)
+        return qf, self._give(qf.path, qf.sha256)
+
+    def base(self, model: str):
+        return self.host.base(model)
+
+    def model_source(self, model: str):
+        return self.host.model_source(model)
+
+    def membw(self, build_key: str):
+        return self._give(self.host.membw(self._builds[build_key]))
+
+    def kld_base(self, model: str, spec: dict):
+        return self._give(self.host.kld_base(model, spec))
+
+    def host_quant_logits(self, model: str, quant: str, spec: dict):
+        return self._give(self.host.host_quant_logits(model, quant, spec))
+
+    def host_eval(self, model: str, quant: str, P: dict) -> dict:
+        return self.host.host_eval(model, quant, P)
+
+    def resolve_text(self, spec: str, what: str = "perplexity text"):
+        return self._give(self.host.resolve_text(spec, what))
+
+    def include(self, P: dict):
+        d = self.host.include(P)
+        if d is None:
+            return None
+        files = {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+        h = hashlib.sha256()
+        for rel, data in files.items():
+            h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+        return d.name, h.hexdigest()[:16], files
+
+    def read(self, path: str, offset: int, n: int) -> bytes:
+        if path not in self._files:
+            raise DevicelabError(f"the head did not hand out {path}")
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(n)
+
+    # ---- the head's own devices: lanes as threads here ----
+    def run_lane(self, device: dict, cells: list) -> dict:
+        lane = Lane(device_from(device), cells, self.run_id, self.ledger, self.host, self.ev, self.telemetry,
+                    self.stop)
+        self.lanes[lane.device.name] = lane
+        lane.run()
+        return {"ran": lane.ran, "failed": lane.failed}
+
+    def interrupt(self) -> None:
+        self.stop.set()
+        for lane in self.lanes.values():
+            if lane.session is not None:
+                lane.session.interrupt()
+
+
+class RemoteLedger:
+    """The head's ledger from another node: artifacts are staged here and sent with the cell's outcome."""
+
+    def __init__(self, head, staging: Path):
+        self.head, self.staging = head, staging
+
+    @property
+    def artifacts_dir(self) -> Path:
+        self.staging.mkdir(parents=True, exist_ok=True)
+        return self.staging
+
+    def _call(self, name, *a, **kw):
+        return ray.get(self.head.ledger_call.remote(name, a, kw))
+
+    def _ship(self, cell_id: str) -> None:
+        d = self.staging / cell_id
+        if not d.is_dir():
+            return
+        files = {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+        if files:
+            ray.get(self.head.put_artifacts.remote(cell_id, files))
+        shutil.rmtree(d, ignore_errors=True)
+
+    def finish_cell(self, cell_id, rows):
+        self._ship(cell_id)
+        return self._call("finish_cell", cell_id, rows)
+
+    def skip_cell(self, cell_id, reason):
+        self._ship(cell_id)
+        return self._call("skip_cell", cell_id, reason)
+
+    def fail_cell(self, cell_id, error, retryable):
+        self._ship(cell_id)
+        return self._call("fail_cell", cell_id, error, retryable=retryable)
+
+    def __getattr__(self, name):
+        if name in LEDGER_CALLS:
+            return lambda *a, **kw: self._call(name, *a, **kw)
+        raise AttributeError(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteBuild(Build):
+    """A build made on the head: its tools come into this node's cache by content hash when first used."""
+    files: dict = dataclasses.field(default_factory=dict)
+    fetch: object = None
+
+    def tool(self, name: str) -> Path:
+        return self.fetch(self.files[name], 0o755)
+
+
+class RemoteHostWork:
+    """HostWork's face on another node: each piece is made once on the head; files come by content hash.
+    The node's own CPUs are its own (`cpu`); the llama.cpp source for builds on a device is this host's own,
+    and must be the head's commit."""
+
+    def __init__(self, head, info: dict):
+        self.head, self.jobs, self.info = head, info["jobs"], info
+        self.cpu = HostCPUs()
+        self._src = None
+        self._lock = threading.Lock()
+
+    def _call(self, name, *a):
+        return ray.get(getattr(self.head, name).remote(*a))
+
+    def _fetch(self, desc, mode: int | None = None) -> Path:
+        path, sha, size = desc
+        return blobs.fetch(sha, Path(path).name, size, lambda off, n: ray.get(self.head.read.remote(path, off, n)),
+                           mode)
+
+    @property
+    def src(self):
+        from ..build import source as sourcemod
+        with self._lock:
+            if self._src is None:
+                try:
+                    src = sourcemod.resolve(self.info["source_spec"])
+                except DevicelabError:
+                    src = sourcemod.resolve(None)
+                if src.commit != self.info["commit"]:
+                    raise DevicelabError(f"this lab host's llama.cpp source is {src.commit[:12]}, the run's "
+                                         f"{self.info['commit'][:12]}: give it the same source")
+                self._src = src
+            return self._src
+
+    def build(self, tgt):
+        manifest, files = self._call("build", tgt)
+        return RemoteBuild(Path(tempfile.gettempdir()), manifest, files, self._fetch)
+
+    def quant(self, model: str, quant: str):
+        qf, desc = self._call("quant", model, quant)
+        return dataclasses.replace(qf, path=self._fetch(desc))
+
+    def base(self, model: str):
+        return self._call("base", model)
+
+    def model_source(self, model: str):
+        return self._call("model_source", model)
+
+    def membw(self, build) -> Path:
+        if isinstance(build, RemoteBuild):
+            return self._fetch(self._call("membw", build.key), 0o755)
+        from ..build import payloads as bpay
+        return bpay.ensure_membw(build)          # a build on the device itself
+
+    def kld_base(self, model: str, spec: dict) -> Path:
+        return self._fetch(self._call("kld_base", model, spec))
+
+    def host_quant_logits(self, model: str, quant: str, spec: dict) -> Path:
+        return self._fetch(self._call("host_quant_logits", model, quant, spec))
+
+    def host_eval(self, model: str, quant: str, P: dict) -> dict:
+        return self._call("host_eval", model, quant, P)
+
+    def resolve_text(self, spec: str, what: str = "perplexity text") -> Path:
+        return self._fetch(self._call("resolve_text", spec, what))
+
+    def include(self, P: dict) -> Path | None:
+        got = self._call("include", P)
+        if got is None:
+            return None
+        name, digest, files = got
+        return blobs.tree(digest, name, lambda: files)
+
+
+def _put_lease(device: str, lease: dict) -> None:
+    """Who holds the device now, for a second run that waits on it."""
+    from ray.experimental import internal_kv
+    internal_kv._internal_kv_put(lease_key(device), json.dumps(lease).encode(), overwrite=True, namespace=KV_NAMESPACE)
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4)
+class LaneActor:
+    """One device's lane on the lab host that holds the device (its `device:NAME` resource, for the lane's
+    life)."""
+
+    def __init__(self, head, queue):
+        self.head, self.queue = head, queue
+        self.stop = threading.Event()
+        self.lane: Lane | None = None
+
+    def ready(self) -> dict:
+        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id()}
+
+    def run(self, device: dict, cells: list, run_id: str, telemetry, info: dict, lease: dict) -> dict:
+        from ray.experimental import internal_kv
+        d = device_from(device)
+        _put_lease(d.name, lease)
+        staging = blobs.root() / "staging" / run_id / d.name
+        try:
+            self.lane = Lane(d, cells, run_id, RemoteLedger(self.head, staging), RemoteHostWork(self.head, info),
+                             RelayEvents(self.queue), telemetry, self.stop)
+            self.lane.run()
+            return {"ran": self.lane.ran, "failed": self.lane.failed}
+        finally:
+            internal_kv._internal_kv_del(lease_key(d.name), namespace=KV_NAMESPACE)
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def interrupt(self) -> None:
+        self.stop.set()
+        if self.lane is not None and self.lane.session is not None:
+            self.lane.session.interrupt()
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class Lease:
+    """Holds a head device's resource while its lane runs in the Head actor."""
+
+    def __init__(self, device: str, lease: dict):
+        self.device = device
+        _put_lease(device, lease)
+
+    def ready(self) -> dict:
+        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id()}
+
+    def release(self) -> None:
+        from ray.experimental import internal_kv
+        internal_kv._internal_kv_del(lease_key(self.device), namespace=KV_NAMESPACE)

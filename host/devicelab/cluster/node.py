@@ -1,0 +1,205 @@
+"""A lab host joining the lab's Ray cluster: `devicelab head` starts the head node, `devicelab worker` joins
+another host to it. Each advertises the devices the lab file places on it (`lab_host:`) as custom resources,
+after checking they are there; a worker whose devicelab code or llama.cpp source differs from the head's is
+refused before it joins. The head records its identity in the cluster's key-value store (Ray's GCS)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .. import lab as labmod
+from .. import paths
+from ..errors import DevicelabError
+from ..lab import LAB_HOST_ENV, this_host  # noqa: F401 - this_host: the cluster's name for it
+from ..transports import open_transport
+from . import IDENTITY_KEY, KV_NAMESPACE, resource
+
+NODE_CACHE_ENV = "DEVICELAB_NODE_CACHE"      # a node's cache of files fetched from the head
+
+
+def code_digest() -> str:
+    """What this devicelab is: the digest of its package and device payloads (a version string would hide an
+    edited checkout)."""
+    h = hashlib.sha256()
+    pkg = Path(__file__).resolve().parents[1]
+    files = sorted(pkg.rglob("*.py")) + sorted(p for p in paths.device_payloads_dir().rglob("*") if p.is_file())
+    for p in files:
+        if "__pycache__" in p.parts:
+            continue
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def identity(source_spec: str | None = None) -> dict:
+    from ..build import source as sourcemod
+    src = sourcemod.resolve(source_spec)
+    return {"code": code_digest(), "llama_cpp": src.commit, "source": src.origin}
+
+
+def mismatch(mine: dict, head: dict) -> str | None:
+    """Why this host cannot join or run against that head, in one line; None when they match."""
+    if mine["code"] != head.get("code"):
+        return (f"this host's devicelab (code {mine['code']}) differs from the head's ({head.get('code')}): install "
+                "the same devicelab commit on every lab host")
+    if mine["llama_cpp"] != head.get("llama_cpp"):
+        return (f"this host's llama.cpp source is {mine['llama_cpp'][:12]}, the head's "
+                f"{str(head.get('llama_cpp'))[:12]} ({head.get('source')}): give both the same --source")
+    return None
+
+
+def gcs(address: str):
+    import ray._raylet
+    return ray._raylet.GcsClient(address=address)
+
+
+def head_identity(address: str, timeout: float = 10) -> dict:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as e:
+        raise DevicelabError(f"no Ray head answers at {address} ({e.strerror or e}): start it with `devicelab head` on "
+                             "the head host, or check the address") from None
+    try:
+        raw = gcs(address).internal_kv_get(IDENTITY_KEY, KV_NAMESPACE, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - any failure to reach the GCS is "no head there"
+        raise DevicelabError(f"no Ray head answers at {address} ({type(e).__name__}): start it with `devicelab head` "
+                             "on the head host, or check the address") from None
+    if not raw:
+        raise DevicelabError(f"the Ray cluster at {address} has no devicelab head (its identity is not recorded): "
+                             "start the head with `devicelab head`")
+    return json.loads(raw)
+
+
+def advertised(address: str) -> dict[str, str]:
+    """device -> the lab host (node) advertising it, among the cluster's live nodes."""
+    out = {}
+    for info in gcs(address).get_all_node_info(timeout=10).values():
+        if info.state != 0:          # ALIVE
+            continue
+        host = dict(info.labels).get("devicelab.host", info.node_manager_address)
+        for r in dict(info.resources_total):
+            if r.startswith("device:"):
+                out[r[len("device:"):]] = host
+    return out
+
+
+def check_devices(devices, host: str) -> None:
+    """Every device placed on this host answers through its transport; else one line naming it."""
+    for d in devices:
+        t = open_transport(d)
+        try:
+            t.connect()
+            r = t.run(["true"], timeout=30)
+            if r.rc != 0:
+                raise DevicelabError(f"`true` exited {r.rc}")
+        except Exception as e:  # noqa: BLE001 - one line per device, whatever the transport said
+            from ..runner.orchestrator import one_line
+            raise DevicelabError(f"device {d.name} is not reachable from lab host {host}: {one_line(e)}; plug it in "
+                                 "here or fix its lab_host in the lab file") from None
+        finally:
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def _ray_cli() -> str:
+    here = Path(sys.executable).parent / "ray"
+    cli = str(here) if here.exists() else shutil.which("ray")
+    if not cli:
+        raise DevicelabError("Ray is not installed: pip install -e '.[cluster]'")
+    return cli
+
+
+def _node_env(host: str, cache: Path | None) -> dict:
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", RAY_USAGE_STATS_ENABLED="0")
+    env[LAB_HOST_ENV] = host
+    env[NODE_CACHE_ENV] = str(cache or paths.sub("node-cache"))
+    return env
+
+
+def _start(argv: list[str], env: dict) -> subprocess.Popen:
+    return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+
+
+def _common(devices, host: str, node_ip: str | None, ray_args: tuple[str, ...]) -> list[str]:
+    res = {resource(d.name): 1 for d in devices}
+    argv = ["--block", "--disable-usage-stats", f"--resources={json.dumps(res)}", f"--labels=devicelab.host={host}"]
+    return argv + ([f"--node-ip-address={node_ip}"] if node_ip else []) + list(ray_args)
+
+
+def run_head(lab: labmod.Lab, host: str, port: int, node_ip: str | None, source_spec: str | None,
+             ray_args: tuple[str, ...] = (), say=print) -> int:
+    """Start the head node in the foreground, advertising the lab file's devices that have no lab_host."""
+    mine = identity(source_spec)
+    devices = lab.hosted_by(None)
+    check_devices(devices, host)
+    argv = [_ray_cli(), "start", "--head", f"--port={port}", "--include-dashboard=false",
+            *_common(devices, host, node_ip, ray_args)]
+    p = _start(argv, _node_env(host, None))
+    address = f"{node_ip or '127.0.0.1'}:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            gcs(address).internal_kv_put(IDENTITY_KEY, json.dumps({**mine, "head": host}).encode(), True,
+                                         KV_NAMESPACE, timeout=5)
+            break
+        except Exception:  # noqa: BLE001 - not up yet
+            if p.poll() is not None or time.time() > deadline:
+                p.kill()
+                raise DevicelabError(f"the Ray head did not start at {address} (ray start exited {p.poll()})") from None
+            time.sleep(0.5)
+    say(f"devicelab head {host} at {address}: devices {', '.join(d.name for d in devices) or 'none'}; on each "
+        f"other lab host: devicelab worker --address {address} --lab LAB --host NAME")
+    return _wait(p)
+
+
+def run_worker(lab: labmod.Lab, address: str, host: str, node_ip: str | None, source_spec: str | None,
+               cache: Path | None = None, ray_args: tuple[str, ...] = (), say=print) -> int:
+    """Join this host to the head at `address` in the foreground, advertising its devices; refused in one line
+    when its devicelab or llama.cpp differs from the head's, or a device of it is missing or taken."""
+    head = head_identity(address)
+    why = mismatch(identity(source_spec), head)
+    if why:
+        raise DevicelabError(f"lab host {host} refused: {why}")
+    devices = lab.hosted_by(host)
+    if not devices:
+        raise DevicelabError(f"the lab file places no device on lab host {host}: give its devices `lab_host: {host}`"
+                             " (or start this worker with the --host its devices name)")
+    taken = {d: h for d, h in advertised(address).items() if d in {x.name for x in devices}}
+    if taken:
+        d, h = next(iter(taken.items()))
+        raise DevicelabError(f"device {d} is already advertised by lab host {h}: stop that worker first")
+    check_devices(devices, host)
+    p = _start([_ray_cli(), "start", f"--address={address}", *_common(devices, host, node_ip, ray_args)],
+               _node_env(host, cache))
+    names = {d.name for d in devices}
+    deadline = time.time() + 120
+    while not names <= {d for d, h in advertised(address).items() if h == host}:
+        if p.poll() is not None or time.time() > deadline:
+            p.kill()
+            raise DevicelabError(f"lab host {host} did not join {address}: `ray start` exited {p.wait()} (its output "
+                                 "is above)")
+        time.sleep(0.5)
+    say(f"lab host {host} joined {address}: devices {', '.join(sorted(names))}")
+    return _wait(p)
+
+
+def _wait(p: subprocess.Popen) -> int:
+    try:
+        return p.wait()
+    except KeyboardInterrupt:
+        p.terminate()
+        try:
+            return p.wait(30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            return p.wait()

@@ -1,0 +1,200 @@
+"""The driver's side of a run across lab hosts: connect to the Ray cluster, check that its head runs this
+devicelab and llama.cpp, place each device's lane on the node that advertises the device, relay the lanes'
+events to the display, and turn a lab host that went away into its devices' cells failed-retryable — one line
+naming the host — while the other hosts' lanes finish."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from ..errors import DevicelabError
+from ..lab import this_host
+from ..ledger import DONE, SKIPPED
+from . import KV_NAMESPACE, lease_key, resource
+from .node import code_digest, head_identity, mismatch
+
+WAIT_NOTE_S = float(os.environ.get("DEVICELAB_CLUSTER_WAIT_NOTE_S", "5"))   # not placed by then: say who holds it
+
+
+class _LaneState:
+    def __init__(self, device, cells, where):
+        self.device, self.cells, self.where = device, cells, where       # where: (node id, lab host) or None
+        self.holder = None            # LaneActor or Lease
+        self.ready = None             # its ready() ref, until it answered
+        self.run = None               # its run ref
+        self.asked = time.time()
+        self.noted = False
+        self.done = False
+
+
+class ClusterPlacement:
+    def __init__(self, o, address: str):
+        try:
+            import ray
+        except ImportError:
+            raise DevicelabError("a run across lab hosts needs Ray: pip install -e '.[cluster]'") from None
+        self.o, self.address, self.ray = o, address, ray
+        head = head_identity(address)
+        why = mismatch({"code": code_digest(), "llama_cpp": o.host.src.commit}, head)
+        if why:
+            raise DevicelabError(f"cannot run on the cluster at {address}: {why}")
+        try:
+            ray.init(address=address, namespace="devicelab", logging_level=logging.ERROR, log_to_driver=False)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise DevicelabError(f"cannot join the Ray cluster at {address} from here ({str(e).splitlines()[0]}): run "
+                                 "`devicelab run --cluster` on the head host") from None
+        self.me = ray.get_runtime_context().get_node_id()
+        self.where: dict[str, tuple[str, str]] = {}
+        for n in ray.nodes():
+            if not n.get("Alive"):
+                continue
+            host = (n.get("Labels") or {}).get("devicelab.host") or n.get("NodeManagerAddress")
+            for r in n.get("Resources", {}):
+                if r.startswith("device:"):
+                    self.where[r[len("device:"):]] = (n["NodeID"], host)
+
+    def _lease_holder(self, device: str) -> str | None:
+        from ray.experimental import internal_kv
+        raw = internal_kv._internal_kv_get(lease_key(device), namespace=KV_NAMESPACE)
+        if not raw:
+            return None
+        h = json.loads(raw)
+        return (f"run {h.get('run')} of recipe {h.get('recipe')} from {h.get('head')}, since "
+                f"{time.strftime('%H:%M:%S', time.localtime(h.get('since', 0)))}")
+
+    def run(self, lanes, run_id: str, rep) -> None:
+        from ray.util.queue import Queue
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        from .head import Head, LaneActor, Lease
+        ray, o, ev = self.ray, self.o, self.o.ev
+        here = NodeAffinitySchedulingStrategy(self.me, soft=False)
+        queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+        head = Head.options(scheduling_strategy=here).remote(str(o.ledger.path), o.host_kwargs(), queue,
+                                                             o.recipe.telemetry, run_id)
+        info = ray.get(head.info.remote())
+        lease = {"run": run_id, "recipe": o.recipe.name, "head": this_host(), "since": time.time()}
+        states = [_LaneState(d, cells, self.where.get(d.name)) for d, cells in lanes]
+        outcome: dict[str, bool] = {}            # cell id -> ok, from the lanes' own events
+
+        def drain():
+            while True:
+                try:
+                    items = queue.get_nowait_batch(max(1, queue.size()))
+                except Exception:  # noqa: BLE001 - empty
+                    return
+                if not items:
+                    return
+                for name, args in items:
+                    if name == "cell_done":
+                        outcome[args[0].cell_id] = bool(args[1])
+                    getattr(ev, name)(*args)
+
+        def fail_rest(st: _LaneState, why: str) -> None:
+            for c in st.cells:
+                if c.cell_id in outcome or o.ledger.status(c.cell_id) in (DONE, SKIPPED):
+                    continue
+                o.ledger.fail_cell(c.cell_id, why, retryable=True)
+                outcome[c.cell_id] = False
+                ev.cell_done(c, False, why)
+            st.done = True
+            ev.lane(st.device.name, "lab host gone" if st.where else "not placed")
+
+        for st in states:
+            name = st.device.name
+            if st.where is None:
+                h = st.device.lab_host
+                fail_rest(st, f"{name}: no lab host in the cluster at {self.address} advertises it; run `devicelab "
+                          + (f"worker --address {self.address} --host {h}` on {h}" if h else "head` with this lab file")
+                          + " (the lab file's lab_host says where it is plugged in)")
+                continue
+            opts = {"resources": {resource(name): 1}}
+            if st.where[0] == self.me:
+                st.holder = Lease.options(**opts).remote(name, lease)
+            else:
+                st.holder = LaneActor.options(**opts).remote(head, queue)
+                st.run = st.holder.run.remote(st.device.model_dump(), st.cells, run_id, o.recipe.telemetry, info,
+                                              lease)
+            st.ready = st.holder.ready.remote()
+            ev.lane(name, f"placing on lab host {st.where[1]}")
+        try:
+            while any(not st.done for st in states):
+                refs = [r for st in states if not st.done for r in (st.ready, st.run) if r is not None]
+                ray.wait(refs, num_returns=1, timeout=0.2)
+                drain()
+                for st in states:
+                    if st.done:
+                        continue
+                    self._step(st, head, ev, fail_rest, outcome)
+        except KeyboardInterrupt:
+            head.interrupt.remote()
+            for st in states:
+                if st.run is not None and st.where and st.where[0] != self.me:
+                    st.holder.interrupt.remote()
+            deadline = time.time() + 120
+            for st in states:
+                if st.run is not None:
+                    ray.wait([st.run], timeout=max(0.0, deadline - time.time()))
+            drain()
+            raise
+        finally:
+            drain()
+            rep.ran = sum(1 for ok in outcome.values() if ok)
+            rep.failed = [c for c, ok in outcome.items() if not ok]
+            for st in states:
+                self._release(st)
+            ray.kill(head)
+            ray.shutdown()
+
+    def _step(self, st: _LaneState, head, ev, fail_rest, outcome) -> None:
+        ray = self.ray
+        name, host = st.device.name, st.where[1]
+        if st.ready is not None:
+            got, _ = ray.wait([st.ready], timeout=0)
+            if got:
+                st.ready = None
+                try:
+                    ray.get(got[0])
+                except Exception as e:  # noqa: BLE001 - the host went away before the lane started
+                    fail_rest(st, f"{name}: lab host {host} went away before its lane started "
+                                  f"({type(e).__name__}); run again once it is back")
+                    self._release(st)
+                    return
+                ev.lane(name, f"on lab host {host}")
+                if st.run is None:               # a head device: its lane runs in the Head actor
+                    st.run = head.run_lane.remote(st.device.model_dump(), st.cells)
+            elif not st.noted and time.time() - st.asked > WAIT_NOTE_S:
+                holder = self._lease_holder(name)
+                if holder is None:            # still starting its lane there: look again later
+                    st.asked = time.time()
+                else:
+                    st.noted = True
+                    msg = f"{name} is held by {holder}: waiting for it"
+                    ev.lane(name, "waiting: " + msg)
+                    ev.stage(msg)
+        if st.run is not None and st.ready is None:
+            got, _ = ray.wait([st.run], timeout=0)
+            if not got:
+                return
+            try:
+                ray.get(got[0])
+                st.done = True
+            except Exception as e:  # noqa: BLE001 - its node died, or the actor did
+                fail_rest(st, f"{name}: lab host {host} went away during the run ({type(e).__name__}); run again "
+                              "once it is back")
+            self._release(st)
+
+    def _release(self, st: _LaneState) -> None:
+        """The device is free for another run as soon as its lane ends."""
+        if st.holder is None:
+            return
+        if st.where and st.where[0] == self.me:
+            try:
+                self.ray.get(st.holder.release.remote(), timeout=10)
+            except Exception:  # noqa: BLE001
+                pass
+        self.ray.kill(st.holder)
+        st.holder = None

@@ -1,0 +1,169 @@
+"""One lab across several USB hosts, on a real multi-node Ray cluster: two lab hosts, each a network namespace
+with its own address, its own sshd board (reachable only from inside it) and its own Ray node joined by
+`devicelab worker`; the head (`devicelab head`, the ledger, the host-side work) outside them on a bridge this
+test creates. A recipe across both hosts' devices; one host killed mid-cell; a second run waiting for a held
+device; the host back and the recipe finished; the head killed mid-run and restarted without losing a cell."""
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from cluster_peer import LabNet, wait_for
+from conftest import devicelab
+from sshd_peer import SSHD
+
+ray = pytest.importorskip("ray", reason="the cluster tests need the [cluster] extra (ray)")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not shutil.which(SSHD), reason="needs openssh-server")]
+
+BENCH = "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n"
+
+
+def recipe(path, name, devices, quants):
+    path.write_text(f"name: {name}\ndevices: [{', '.join(devices)}]\nmodels: [{{name: smollm2-135m}}]\n"
+                    f"quants: [{', '.join(quants)}]\npayloads:\n{BENCH}"
+                    "recommend: {context: 512, min_decode_tps: 0.1}\n")
+    return path
+
+
+def cells(db, recipe_name):
+    con = sqlite3.connect(db)
+    return {r[0]: dict(zip(("device", "status", "error", "attempts"), r[1:])) for r in con.execute(
+        "SELECT cell_id, device, status, error, attempts FROM cells WHERE recipe=?", (recipe_name,))}
+
+
+def running(db, device) -> bool:
+    try:
+        return sqlite3.connect(db).execute("SELECT count(*) FROM cells WHERE status='running' AND device=?",
+                                           (device,)).fetchone()[0] > 0
+    except sqlite3.Error:
+        return False
+
+
+def on(host, *args, timeout=300):
+    """The CLI on a lab host (inside its namespace)."""
+    return subprocess.run([*host.prefix(), sys.executable, "-m", "devicelab.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_run(net, r, lab, lab_dir, log):
+    """`devicelab run --cluster` on the head (in its namespace)."""
+    return subprocess.Popen([*net.prefix(), sys.executable, "-m", "devicelab.cli", "run", str(r), "--lab", str(lab),
+                             "--lab-dir", str(lab_dir), "--cluster", net.address], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT,
+                            env={**os.environ, "DEVICELAB_CLUSTER_WAIT_NOTE_S": "1", "COLUMNS": "200"})
+
+
+def one_error_line(p) -> str:
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error:"), p.stdout + p.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def net(tmp_path):
+    n = LabNet(["w1", "w2"])
+    if not n.create():
+        pytest.skip("cannot create network namespaces and a bridge here (needs root)")
+    yield n
+    n.delete()
+
+
+def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
+    w1, w2 = net.hosts
+    w1.start_board(tmp_path / "board1")
+    w2.start_board(tmp_path / "board2")
+    lab = tmp_path / "lab.yaml"
+    lab.write_text("devices:\n" + w1.lab_entry("board1") + w2.lab_entry("board2")
+                   + "  - {name: ghost, transport: ssh, host: 127.0.0.1, port: 9, lab_host: w3}\n")
+    net.start_head(lab, tmp_path / "head.log")
+
+    # a worker is refused in one line: a device of it missing, no device for it, another devicelab than the head's
+    ghost = on(w1, "worker", "--address", net.address, "--lab", lab, "--host", "w3")
+    assert "device ghost is not reachable from lab host w3" in one_error_line(ghost)
+    nobody = on(w1, "worker", "--address", net.address, "--lab", lab, "--host", "nobody")
+    assert "places no device on lab host nobody" in one_error_line(nobody)
+    real = net.identity()
+    net.set_identity({**real, "code": "0" * 16})      # the head now says it runs another devicelab
+    other = on(w1, "worker", "--address", net.address, "--lab", lab, "--host", "w1")
+    assert "lab host w1 refused: this host's devicelab" in one_error_line(other)
+    net.set_identity(real)
+
+    for h in (w1, w2):
+        h.join(lab, tmp_path / f"cache-{h.name}", tmp_path / f"{h.name}.log")
+    wait_for(lambda: net.advertised() == {"board1": "w1", "board2": "w2"}, 180, "both lab hosts to join", every=1)
+    # Ray listens on every address of a namespace: these are only loopback and the test's own; none on this
+    # machine's own namespace (where its outward address is), none in another
+    listening = net.listening()
+    assert set(listening) <= {"head", "w1", "w2"} and listening.get("head"), listening
+
+    # the recipe across both hosts; a second run needing board2 waits for it; w1 is killed mid-cell
+    lab_dir = tmp_path / "lab"
+    db = lab_dir / "ledger.sqlite"
+    ra = recipe(tmp_path / "a.yaml", "across", ["board1", "board2"], ["q8_0", "q4_0", "q4_1"])
+    a = start_run(net, ra, lab, lab_dir, tmp_path / "a.log")
+    wait_for(lambda: running(db, "board2") or a.poll() is not None, 600, "board2's first cell")
+    b = start_run(net, recipe(tmp_path / "b.yaml", "second", ["board2"], ["q8_0"]), lab, lab_dir, tmp_path / "b.log")
+    wait_for(lambda: running(db, "board1") or a.poll() is not None, 600, "board1's first cell")
+    w1.kill_node()
+    assert a.wait(600) == 1, (tmp_path / "a.log").read_text()[-4000:]
+    out_a = (tmp_path / "a.log").read_text()
+    first = cells(db, "across")
+    on1 = [c for c in first.values() if c["device"] == "board1"]
+    assert all(c["status"] == "done" for c in first.values() if c["device"] == "board2"), first
+    assert any(c["status"] == "failed-retryable" and "lab host w1 went away" in c["error"] for c in on1), on1
+    assert "lab host w1 went away" in out_a
+    assert b.wait(600) == 0, (tmp_path / "b.log").read_text()[-4000:]
+    run_a = sqlite3.connect(db).execute("SELECT run_id FROM runs WHERE recipe='across'").fetchone()[0]
+    assert f"board2 is held by run {run_a} of recipe across" in (tmp_path / "b.log").read_text()
+
+    rows = pd_rows(db)
+    assert set(rows[rows.device == "board2"].lab_host) == {"w2"}
+    # the model and the build reached w2 once, by content hash, into its own cache
+    assert list((tmp_path / "cache-w2" / "blobs").rglob("*.gguf.verified"))
+
+    # w1 back; the run again: the head is killed once a board1 cell is done, and restarted; nothing finished is lost
+    w1.join(lab, tmp_path / "cache-w1", tmp_path / "w1.log")
+    wait_for(lambda: net.advertised().get("board1") == "w1", 180, "w1 to join again", every=1)
+    a2 = start_run(net, ra, lab, lab_dir, tmp_path / "a2.log")
+    wait_for(lambda: sum(c["status"] == "done" for c in cells(db, "across").values()) >= 4 or a2.poll() is not None,
+             600, "a board1 cell to finish")          # board2's three and one of board1
+    done_before = {k for k, c in cells(db, "across").items() if c["status"] == "done"}
+    a2.kill()
+    a2.wait(30)
+    for h in (w1, w2):
+        h.kill_node()
+    net.restart_head(lab, tmp_path / "head2.log")
+    assert {k for k, c in cells(db, "across").items() if c["status"] == "done"} >= done_before
+    for h in (w1, w2):
+        h.join(lab, tmp_path / f"cache-{h.name}", tmp_path / f"{h.name}.log")
+    wait_for(lambda: net.advertised() == {"board1": "w1", "board2": "w2"}, 180, "both lab hosts to join again",
+             every=1)
+    a3 = start_run(net, ra, lab, lab_dir, tmp_path / "a3.log")
+    assert a3.wait(600) == 0, (tmp_path / "a3.log").read_text()[-4000:]
+    final = cells(db, "across")
+    assert all(c["status"] == "done" for c in final.values()), final
+    assert all(final[k]["attempts"] == first[k]["attempts"] for k in first if first[k]["device"] == "board2")
+    rows = pd_rows(db)
+    assert set(rows[rows.device == "board1"].lab_host) == {"w1"}
+    # every cell's raw artifacts are on the head, beside its one ledger: reparse re-derives the same rows
+    for k in final:
+        assert list((lab_dir / "artifacts" / k).glob("attempt-*/cell.json")), k
+    rep = devicelab("reparse", "--lab-dir", lab_dir)
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    assert len(pd_rows(db)) == len(rows)
+
+
+def pd_rows(db):
+    from devicelab.ledger import Ledger
+    return Ledger(db).rows_frame()
+
+
+def test_run_names_a_missing_head_in_one_line(tmp_path):
+    r = recipe(tmp_path / "r.yaml", "nohead", ["local"], ["q8_0"])
+    t0 = time.time()
+    p = devicelab("run", r, "--lab-dir", tmp_path / "lab", "--cluster", "127.0.0.1:9", timeout=300)
+    assert "no Ray head answers at 127.0.0.1:9" in one_error_line(p), time.time() - t0
