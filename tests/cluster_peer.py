@@ -172,8 +172,8 @@ class LabNet:
     def _in_head(self, code: str):
         """A few lines of Python in the head's namespace (only there is the head reachable): their JSON."""
         r = subprocess.run([*self.prefix(), sys.executable, "-c", "import json, sys\n"
-                            "import ray._raylet\n"
-                            f"g = ray._raylet.GcsClient(address={self.address!r})\n" + code],
+                            "from devicelab.cluster.node import gcs\n"      # with the lab's auth token
+                            f"g = gcs({self.address!r})\n" + code],
                            capture_output=True, text=True, timeout=120)
         return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
 

@@ -55,8 +55,24 @@ def mismatch(mine: dict, head: dict) -> str | None:
     return None
 
 
+def use_auth_token(make: bool = False) -> None:
+    """Ray's token authentication, on for every lab host: the head makes a token (~/.ray/auth_token) when it has
+    none; every other lab host needs a copy of it (that file, or RAY_AUTH_TOKEN) — without it, anyone who reaches
+    a node's port could run code on the lab's hosts and phones."""
+    from ray._private.authentication import authentication_token_setup as ats
+    if os.environ.get(ats.AUTH_MODE_ENV_VAR) is not None:       # the user's choice
+        return
+    have = ats.AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
+    if make and not have:
+        ats.generate_and_save_token()
+        have = True
+    if have:
+        ats._enable_token_auth()             # for this process and the Ray processes it starts
+
+
 def gcs(address: str):
     import ray._raylet
+    use_auth_token()
     return ray._raylet.GcsClient(address=address)
 
 
@@ -70,6 +86,9 @@ def head_identity(address: str, timeout: float = 10) -> dict:
     try:
         raw = gcs(address).internal_kv_get(IDENTITY_KEY, KV_NAMESPACE, timeout=timeout)
     except Exception as e:  # noqa: BLE001 - any failure to reach the GCS is "no head there"
+        if "auth" in str(e).lower():
+            raise DevicelabError(f"the Ray head at {address} refused this host's authentication token: copy the head's "
+                                 "~/.ray/auth_token to this host (or set RAY_AUTH_TOKEN to it)") from None
         raise DevicelabError(f"no Ray head answers at {address} ({type(e).__name__}): start it with `devicelab head` "
                              "on the head host, or check the address") from None
     if not raw:
@@ -140,6 +159,7 @@ def run_head(lab: labmod.Lab, host: str, port: int, node_ip: str | None, source_
              ray_args: tuple[str, ...] = (), say=print) -> int:
     """Start the head node in the foreground, advertising the lab file's devices that have no lab_host."""
     mine = identity(source_spec)
+    use_auth_token(make=True)
     devices = lab.hosted_by(None)
     check_devices(devices, host)
     argv = [_ray_cli(), "start", "--head", f"--port={port}", "--include-dashboard=false",

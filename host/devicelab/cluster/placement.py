@@ -14,7 +14,7 @@ from ..errors import DevicelabError
 from ..lab import this_host
 from ..ledger import DONE, SKIPPED
 from . import KV_NAMESPACE, lease_key, resource
-from .node import code_digest, head_identity, mismatch
+from .node import code_digest, head_identity, mismatch, use_auth_token
 
 WAIT_NOTE_S = float(os.environ.get("DEVICELAB_CLUSTER_WAIT_NOTE_S", "5"))   # not placed by then: say who holds it
 
@@ -41,6 +41,7 @@ class ClusterPlacement:
         why = mismatch({"code": code_digest(), "llama_cpp": o.host.src.commit}, head)
         if why:
             raise DevicelabError(f"cannot run on the cluster at {address}: {why}")
+        use_auth_token()
         try:
             ray.init(address=address, namespace="devicelab", logging_level=logging.ERROR, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
