@@ -44,21 +44,29 @@ def identity(source_spec: str | None = None) -> dict:
     return {"code": code_digest(), "llama_cpp": src.commit, "source": src.origin}
 
 
-def mismatch(mine: dict, head: dict) -> str | None:
-    """Why this host cannot join or run against that head, in one line; None when they match."""
+def mismatch(mine: dict, head: dict, who: str = "this host's") -> str | None:
+    """Why this host cannot join (or this run cannot run) against that head, in one line; None when they match."""
     if mine["code"] != head.get("code"):
-        return (f"this host's devicelab (code {mine['code']}) differs from the head's ({head.get('code')}): install "
+        return (f"{who} devicelab (code {mine['code']}) differs from the head's ({head.get('code')}): install "
                 "the same devicelab commit on every lab host")
     if mine["llama_cpp"] != head.get("llama_cpp"):
-        return (f"this host's llama.cpp source is {mine['llama_cpp'][:12]}, the head's "
+        return (f"{who} llama.cpp source is {mine['llama_cpp'][:12]}, the head's "
                 f"{str(head.get('llama_cpp'))[:12]} ({head.get('source')}): give both the same --source")
     return None
+
+
+def need_ray() -> None:
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise DevicelabError("a lab across several hosts needs Ray on each: pip install -e '.[cluster]'") from None
 
 
 def use_auth_token(make: bool = False) -> None:
     """Ray's token authentication, on for every lab host: the head makes a token (~/.ray/auth_token) when it has
     none; every other lab host needs a copy of it (that file, or RAY_AUTH_TOKEN) — without it, anyone who reaches
     a node's port could run code on the lab's hosts and phones."""
+    need_ray()
     from ray._private.authentication import authentication_token_setup as ats
     if os.environ.get(ats.AUTH_MODE_ENV_VAR) is not None:       # the user's choice
         return
@@ -77,6 +85,7 @@ def gcs(address: str):
 
 
 def head_identity(address: str, timeout: float = 10) -> dict:
+    need_ray()
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
@@ -158,8 +167,8 @@ def _common(devices, host: str, node_ip: str | None, ray_args: tuple[str, ...]) 
 def run_head(lab: labmod.Lab, host: str, port: int, node_ip: str | None, source_spec: str | None,
              ray_args: tuple[str, ...] = (), say=print) -> int:
     """Start the head node in the foreground, advertising the lab file's devices that have no lab_host."""
-    mine = identity(source_spec)
     use_auth_token(make=True)
+    mine = identity(source_spec)
     devices = lab.hosted_by(None)
     check_devices(devices, host)
     argv = [_ray_cli(), "start", "--head", f"--port={port}", "--include-dashboard=false",

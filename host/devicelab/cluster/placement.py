@@ -32,13 +32,10 @@ class _LaneState:
 
 class ClusterPlacement:
     def __init__(self, o, address: str):
-        try:
-            import ray
-        except ImportError:
-            raise DevicelabError("a run across lab hosts needs Ray: pip install -e '.[cluster]'") from None
+        head = head_identity(address)          # says so in one line when Ray is not installed
+        import ray
         self.o, self.address, self.ray = o, address, ray
-        head = head_identity(address)
-        why = mismatch({"code": code_digest(), "llama_cpp": o.host.src.commit}, head)
+        why = mismatch({"code": code_digest(), "llama_cpp": o.host.src.commit}, head, who="this run's")
         if why:
             raise DevicelabError(f"cannot run on the cluster at {address}: {why}")
         use_auth_token()
