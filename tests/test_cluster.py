@@ -6,6 +6,7 @@ device; the host back and the recipe finished; the head killed mid-run and resta
 
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -159,6 +160,21 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     rep = devicelab("reparse", "--lab-dir", lab_dir)
     assert rep.returncode == 0, rep.stdout + rep.stderr
     assert len(pd_rows(db)) == len(rows)
+
+    # Ctrl-C of a run across hosts: every lane stops its payload and puts its device back, the cut cells are
+    # retryable, nothing is left running on the board, and the devices are free for the next run
+    rc = recipe(tmp_path / "c.yaml", "cut", ["board1", "here"], ["q8_0", "q4_0"])
+    c = start_run(net, rc, lab, lab_dir, tmp_path / "c.log")
+    wait_for(lambda: running(db, "board1") or c.poll() is not None, 600, "board1's cell in the run to cut")
+    c.send_signal(signal.SIGINT)
+    assert c.wait(300) == 130, (tmp_path / "c.log").read_text()[-4000:]
+    cut = cells(db, "cut")
+    assert not [k for k, v in cut.items() if v["status"] == "running"], cut
+    assert any(v["status"] == "failed-retryable" and "interrupted" in v["error"] for v in cut.values()), cut
+    left = subprocess.run(["pgrep", "-af", f"{w1.board.d}/device-workdir"], capture_output=True, text=True).stdout
+    assert not left.strip(), left
+    c2 = start_run(net, rc, lab, lab_dir, tmp_path / "c2.log")
+    assert c2.wait(600) == 0, (tmp_path / "c2.log").read_text()[-4000:]
 
 
 def pd_rows(db):
