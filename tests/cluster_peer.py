@@ -106,11 +106,7 @@ class LabHost:
             self.worker = None
 
     def delete(self) -> None:
-        for pid in _ns_pids(self.ns):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _kill_ns(self.ns)
         _ip("netns", "del", self.ns)
         shutil.rmtree(f"/tmp/{self.ns}-ray", ignore_errors=True)
 
@@ -118,6 +114,15 @@ class LabHost:
 def _ns_pids(ns: str) -> list[int]:
     r = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
     return [int(p) for p in r.stdout.split() if p.isdigit()]
+
+
+def _kill_ns(ns: str) -> None:
+    """SIGKILL every process of a namespace."""
+    for pid in _ns_pids(ns):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 class LabNet:
@@ -186,14 +191,8 @@ class LabNet:
                       "print('null')")
 
     def advertised(self) -> dict[str, str]:
-        return self._in_head(
-            "out = {}\n"
-            "for info in g.get_all_node_info(timeout=10).values():\n"
-            "    if info.state == 0:\n"
-            "        for r in dict(info.resources_total):\n"
-            "            if r.startswith('device:'):\n"
-            "                out[r[7:]] = dict(info.labels).get('devicelab.host')\n"
-            "print(json.dumps(out))") or {}
+        return self._in_head("from devicelab.cluster.node import advertised\n"
+                             f"print(json.dumps(advertised({self.address!r})))") or {}
 
     def listening(self) -> dict[str, set[str]]:
         """The addresses Ray processes listen on, by the network namespace they are in: 'root' (this machine's
@@ -219,11 +218,7 @@ class LabNet:
             _kill_tree(self.head)
             self.head = None
         if self.made:
-            for pid in _ns_pids(self.head_ns):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_ns(self.head_ns)
             _ip("netns", "del", self.head_ns)
             self.made = False
 

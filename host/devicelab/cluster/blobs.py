@@ -56,6 +56,24 @@ def fetch(sha: str, name: str, size: int, read: Callable[[int, int], bytes], mod
     return out
 
 
+def read_tree(d: Path) -> dict[str, bytes]:
+    """A small folder (a cell's artifacts, task files) as {relpath: bytes}, to send through Ray."""
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def write_tree(d: Path, files: dict[str, bytes], what: str) -> None:
+    """{relpath: bytes} written under d, each file whole (a .part renamed); a path leading out of d is refused."""
+    d = d.resolve()
+    for rel, data in files.items():
+        p = (d / rel).resolve()
+        if d not in p.parents:
+            raise RetryableError(f"{what}: a file outside its folder: {rel}")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.name + ".part")
+        tmp.write_bytes(data)
+        tmp.rename(p)
+
+
 def tree(digest: str, name: str, files: Callable[[], dict[str, bytes]]) -> Path:
     """A small folder (task files) in the node cache under its digest and name, written once from
     {relpath: bytes}."""
@@ -66,11 +84,6 @@ def tree(digest: str, name: str, files: Callable[[], dict[str, bytes]]) -> Path:
     with open(d.parent / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (d / OK).exists():
-            for rel, data in files().items():
-                p = (d / rel).resolve()
-                if d.resolve() not in p.parents:
-                    raise RetryableError(f"the head sent a task file outside its folder: {rel}")
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_bytes(data)
+            write_tree(d, files(), "task files from the head")
             (d / OK).write_text(digest)
     return d

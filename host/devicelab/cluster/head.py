@@ -21,7 +21,6 @@ from pathlib import Path
 
 import ray
 
-from .. import schema as _schema  # noqa: F401 - rows are unpickled on the head
 from ..build.cache import Build
 from ..errors import DevicelabError
 from ..hashing import sha256_file
@@ -53,11 +52,6 @@ for _name in EVENTS:
     setattr(RelayEvents, _name, lambda self, *a, _n=_name: self._put(_n, *a))
 
 
-def _desc(path: Path, sha: str | None = None) -> tuple[str, str, int]:
-    p = Path(path)
-    return str(p), sha or sha256_file(p), p.stat().st_size
-
-
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=64)
 class Head:
     def __init__(self, ledger_path: str, host_kwargs: dict, queue, telemetry, run_id: str):
@@ -65,17 +59,25 @@ class Head:
         self.ledger = Ledger(Path(ledger_path))
         self.host = HostWork(**host_kwargs, events=self.ev)
         self.telemetry, self.run_id = telemetry, run_id
-        self._files: dict[str, str] = {}        # paths handed out -> sha256: the only files read() serves
+        self._files: dict[str, tuple] = {}      # paths handed out -> (sha256, size, mtime): the only files read()
+                                                # serves, each hashed once while unchanged
         self._builds: dict[str, Build] = {}
         self._guard = threading.Lock()
         self.stop = threading.Event()
         self.lanes: dict[str, Lane] = {}
 
     def _give(self, path, sha: str | None = None) -> tuple[str, str, int]:
-        d = _desc(path, sha)
+        """(path, sha256, size) of a file a node may fetch; a file asked for by every cell is hashed once."""
+        p = Path(path)
+        st = p.stat()
         with self._guard:
-            self._files[d[0]] = d[1]
-        return d
+            known = self._files.get(str(p))
+        if sha is None and known and known[1:] == (st.st_size, st.st_mtime_ns):
+            sha = known[0]
+        sha = sha or sha256_file(p)
+        with self._guard:
+            self._files[str(p)] = (sha, st.st_size, st.st_mtime_ns)
+        return str(p), sha, st.st_size
 
     # ---- the one ledger ----
     def ledger_call(self, name: str, a: tuple, kw: dict):
@@ -84,15 +86,7 @@ class Head:
         return getattr(self.ledger, name)(*a, **kw)
 
     def put_artifacts(self, cell_id: str, files: dict[str, bytes]) -> None:
-        d = (self.ledger.artifacts_dir / cell_id).resolve()
-        for rel, data in files.items():
-            p = (d / rel).resolve()
-            if d not in p.parents:
-                raise DevicelabError(f"{cell_id}: an artifact outside its cell's folder: {rel}")
-            p.parent.mkdir(parents=True, exist_ok=True)
-            tmp = p.with_name(p.name + ".part")
-            tmp.write_bytes(data)
-            tmp.rename(p)
+        blobs.write_tree(self.ledger.artifacts_dir / cell_id, files, f"{cell_id}'s artifacts")
 
     # ---- host work, once ----
     def info(self) -> dict:
@@ -130,14 +124,18 @@ class Head:
         return self._give(self.host.resolve_text(spec, what))
 
     def include(self, P: dict):
+        """(folder name, digest) of the task files; a node asks for the files themselves only when its cache
+        has no folder of that digest."""
         d = self.host.include(P)
         if d is None:
             return None
-        files = {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
         h = hashlib.sha256()
-        for rel, data in files.items():
+        for rel, data in blobs.read_tree(d).items():
             h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
-        return d.name, h.hexdigest()[:16], files
+        return d.name, h.hexdigest()[:16]
+
+    def include_files(self, P: dict) -> dict[str, bytes]:
+        return blobs.read_tree(self.host.include(P))
 
     def read(self, path: str, offset: int, n: int) -> bytes:
         if path not in self._files:
@@ -179,7 +177,7 @@ class RemoteLedger:
         d = self.staging / cell_id
         if not d.is_dir():
             return
-        files = {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+        files = blobs.read_tree(d)
         if files:
             ray.get(self.head.put_artifacts.remote(cell_id, files))
         shutil.rmtree(d, ignore_errors=True)
@@ -282,14 +280,18 @@ class RemoteHostWork:
         got = self._call("include", P)
         if got is None:
             return None
-        name, digest, files = got
-        return blobs.tree(digest, name, lambda: files)
+        name, digest = got
+        return blobs.tree(digest, name, lambda: self._call("include_files", P))
 
 
-def _put_lease(device: str, lease: dict) -> None:
-    """Who holds the device now, for a second run that waits on it."""
+def _put_lease(device: str, lease: dict | None) -> None:
+    """Who holds the device now, for a second run that waits on it (None: nobody)."""
     from ray.experimental import internal_kv
-    internal_kv._internal_kv_put(lease_key(device), json.dumps(lease).encode(), overwrite=True, namespace=KV_NAMESPACE)
+    if lease is None:
+        internal_kv._internal_kv_del(lease_key(device), namespace=KV_NAMESPACE)
+    else:
+        internal_kv._internal_kv_put(lease_key(device), json.dumps(lease).encode(), overwrite=True,
+                                     namespace=KV_NAMESPACE)
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4)
@@ -306,7 +308,6 @@ class LaneActor:
         return {"host": this_host(), "node": ray.get_runtime_context().get_node_id()}
 
     def run(self, device: dict, cells: list, run_id: str, telemetry, info: dict, lease: dict) -> dict:
-        from ray.experimental import internal_kv
         d = device_from(device)
         _put_lease(d.name, lease)
         staging = blobs.root() / "staging" / run_id / d.name
@@ -316,7 +317,7 @@ class LaneActor:
             self.lane.run()
             return {"ran": self.lane.ran, "failed": self.lane.failed}
         finally:
-            internal_kv._internal_kv_del(lease_key(d.name), namespace=KV_NAMESPACE)
+            _put_lease(d.name, None)
             shutil.rmtree(staging, ignore_errors=True)
 
     def interrupt(self) -> None:
@@ -337,5 +338,4 @@ class Lease:
         return {"host": this_host(), "node": ray.get_runtime_context().get_node_id()}
 
     def release(self) -> None:
-        from ray.experimental import internal_kv
-        internal_kv._internal_kv_del(lease_key(self.device), namespace=KV_NAMESPACE)
+        _put_lease(self.device, None)
