@@ -38,7 +38,9 @@ payloads:
 
 def drive(recipe: str, lab: str, lab_dir: str, address: str) -> None:
     """The driver, inside the head's namespace: one run, its wall and its first remote cell's start, as JSON."""
-    from devicelab.runner.orchestrator import Events, Orchestrator
+    from devicelab.cluster.placement import ClusterPlacement
+    from devicelab.runner.lane import Events
+    from devicelab.runner.orchestrator import Orchestrator
 
     class Timed(Events):
         first: float | None = None
@@ -53,7 +55,7 @@ def drive(recipe: str, lab: str, lab_dir: str, address: str) -> None:
 
     ev = Timed()
     t0 = time.monotonic()
-    rep = Orchestrator(Path(recipe), Path(lab), Path(lab_dir), events=ev, cluster=address).run()
+    rep = Orchestrator(Path(recipe), Path(lab), Path(lab_dir), events=ev).run(ClusterPlacement(address))
     wall = time.monotonic() - t0
     if rep.failed:
         raise SystemExit(f"{len(rep.failed)} cells failed: {rep.failed}")

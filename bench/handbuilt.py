@@ -78,7 +78,7 @@ def main():
         f"tok/s, by-hand upstream-default build {mh:.1f} ± {statistics.stdev(hands):.1f} tok/s "
         f"(n={a.pairs} each): ratio {ml / mh:.3f} (goal ≥ 0.98)"
     )
-    exe = payloads.ensure_membw(lab)
+    exe = payloads.ensure_c_payload("membw", lab)
     mb = json.loads(
         subprocess.run([str(exe), "-m", "512", "-r", "5"], capture_output=True, text=True, check=True).stdout
     )

@@ -69,7 +69,7 @@ def sampler_cost(shell: list[str], interval_ms: int, seconds: float, extra=()) -
         _, status, ru = os.wait4(sp.pid, 0)
         wall = time.time() - t0
         payload.wait()
-        text = open(f"{d}/t.csv").read().splitlines()
+        text = Path(f"{d}/t.csv").read_text().splitlines()
         ticks = sum(1 for l in text if l[:1].isdigit())
         pace = next((l[len("# pace "):] for l in text if l.startswith("# pace ")), "?")
     cpu = ru.ru_utime + ru.ru_stime   # includes the waited-for children (the per-tick sleep)
@@ -168,8 +168,9 @@ def lane_ratio(a) -> None:
     busy beside it (pushing its model over a shaped link); pairs alternate their order."""
     from sshd_peer import Netns, Sshd
 
-    from devicelab.ledger import Ledger
-    from devicelab.runner.orchestrator import Events, Orchestrator
+    from devicelab.ledger import Ledger, ledger_path
+    from devicelab.runner.lane import Events
+    from devicelab.runner.orchestrator import Orchestrator
     src = source.resolve(None)
     b = cache.ensure(src, targets.local_native())
     model = str(Ladder("smollm2-135m", store.resolve(None), b.tool("llama-quantize")).quant("q4_k_m").path)
@@ -203,7 +204,7 @@ def lane_ratio(a) -> None:
                         r.write_text(LANE_RECIPE.format(i=i, gen=a.gen, t=t, reps=a.reps,
                                                         devices="local" if a.alone else "local, board"))
                         Orchestrator(r, lab, w / "lab", events=Events()).run()
-                        rows = Ledger(w / "lab" / "ledger.sqlite").rows_frame()
+                        rows = Ledger(ledger_path(w / "lab")).rows_frame()
                         loc = rows[(rows.device == "local") & (rows.metric == "decode_tps")]
                         got[kind] = float(loc.value.iloc[0])
                         act = str(loc.host_activity.iloc[0] or "")

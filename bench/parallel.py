@@ -27,9 +27,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sshd_peer import Netns, Sshd  # noqa: E402
 
-from devicelab.ledger import Ledger  # noqa: E402
+from devicelab.ledger import Ledger, ledger_path  # noqa: E402
 from devicelab.runner.host import HostWork  # noqa: E402
-from devicelab.runner.orchestrator import Events, Orchestrator  # noqa: E402
+from devicelab.runner.lane import Events  # noqa: E402
+from devicelab.runner.orchestrator import Orchestrator  # noqa: E402
 
 RECIPE = """name: parallel
 devices: [{devices}]
@@ -77,7 +78,7 @@ def run(boards: list[tuple[str, Sshd]], work: Path, tag: str) -> tuple[float, li
     wall = time.monotonic() - t0
     if rep.failed:
         raise SystemExit(f"{tag}: {len(rep.failed)} cells failed")
-    rows = Ledger(d / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(d / "lab")).rows_frame()
     payload = rows[(rows.metric == "wall_seconds") & (rows.phase == "cell")].set_index("cell_id").value
     over, seen, pushed = [], set(), []
     for cid, (dev, a, b) in ev.spans.items():      # in the order the cells finished

@@ -19,6 +19,7 @@ mute=True accepts connections but never answers CNXN (adb shows the device `offl
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import queue
 import shutil
@@ -127,45 +128,12 @@ class Conn:
         self.send(A_AUTH, AUTH_TOKEN, 0, self.token)
 
     def serve(self):
-        p = self.peer
         try:
             while True:
-                cmd, a0, a1, ln, _chk, magic = struct.unpack("<6I", self.recv_exact(24))
+                cmd, a0, a1, ln, _chk, _magic = struct.unpack("<6I", self.recv_exact(24))
                 data = self.recv_exact(ln) if ln else b""
-                if p.mute:
-                    continue
-                if cmd == A_CNXN:
-                    self.maxdata = min(a1, MAX_PAYLOAD)
-                    if p.require_auth:
-                        self.new_token()
-                    else:
-                        self.send(A_CNXN, A_VERSION, MAX_PAYLOAD, p.banner())
-                elif cmd == A_AUTH:
-                    if a0 == AUTH_SIGNATURE and any(verify(data, self.token, n, e) for n, e in p.keys()):
-                        self.send(A_CNXN, A_VERSION, MAX_PAYLOAD, p.banner())
-                    elif a0 == AUTH_SIGNATURE:
-                        self.new_token()        # not this key: the host tries the next one, then RSAPUBLICKEY
-                    # AUTH_RSAPUBLICKEY: a phone would now show "Allow USB debugging?"; nobody accepts here
-                elif cmd == A_OPEN:
-                    local = self.next_id
-                    self.next_id += 1
-                    st = Stream(p, self, local, a0)
-                    self.streams[local] = st
-                    threading.Thread(target=p.service, args=(st, data.rstrip(b"\0").decode()), daemon=True).start()
-                elif cmd == A_OKAY:
-                    st = self.streams.get(a1)
-                    if st:
-                        st.acked.set()
-                elif cmd == A_WRTE:
-                    st = self.streams.get(a1)
-                    if st:
-                        self.send(A_OKAY, st.local, st.remote)
-                        st.inbox.put(data)
-                elif cmd == A_CLSE:
-                    st = self.streams.pop(a1, None)
-                    if st:
-                        st.closed = True
-                        st.inbox.put(None)
+                if not self.peer.mute:
+                    self.handle(cmd, a0, a1, data)
         except (ConnectionError, OSError, struct.error):
             pass
         finally:
@@ -176,6 +144,42 @@ class Conn:
                 self.sock.close()
             except OSError:
                 pass
+
+    def handle(self, cmd: int, a0: int, a1: int, data: bytes):
+        """One message from the host."""
+        p = self.peer
+        if cmd == A_CNXN:
+            self.maxdata = min(a1, MAX_PAYLOAD)
+            if p.require_auth:
+                self.new_token()
+            else:
+                self.send(A_CNXN, A_VERSION, MAX_PAYLOAD, p.banner())
+        elif cmd == A_AUTH:
+            if a0 == AUTH_SIGNATURE and any(verify(data, self.token, n, e) for n, e in p.authorized_keys()):
+                self.send(A_CNXN, A_VERSION, MAX_PAYLOAD, p.banner())
+            elif a0 == AUTH_SIGNATURE:
+                self.new_token()        # not this key: the host tries the next one, then RSAPUBLICKEY
+            # AUTH_RSAPUBLICKEY: a phone would now show "Allow USB debugging?"; nobody accepts here
+        elif cmd == A_OPEN:
+            local = self.next_id
+            self.next_id += 1
+            st = Stream(p, self, local, a0)
+            self.streams[local] = st
+            threading.Thread(target=p.service, args=(st, data.rstrip(b"\0").decode()), daemon=True).start()
+        elif cmd == A_OKAY:
+            st = self.streams.get(a1)
+            if st:
+                st.acked.set()
+        elif cmd == A_WRTE:
+            st = self.streams.get(a1)
+            if st:
+                self.send(A_OKAY, st.local, st.remote)
+                st.inbox.put(data)
+        elif cmd == A_CLSE:
+            st = self.streams.pop(a1, None)
+            if st:
+                st.closed = True
+                st.inbox.put(None)
 
 
 def android_userland(d: Path, extra: tuple[str, ...] = ()) -> Path:
@@ -190,6 +194,71 @@ def android_userland(d: Path, extra: tuple[str, ...] = ()) -> Path:
         if not (d / name).exists():
             (d / name).symlink_to(target)
     return d
+
+
+def _sync_reply(st: Stream, tag: bytes, *vals):
+    st.write(tag + struct.pack(f"<{len(vals)}I", *vals))
+
+
+def _sync_fail(st: Stream, why: str):
+    msg = why.encode()
+    st.write(b"FAIL" + struct.pack("<I", len(msg)) + msg)
+
+
+def _sync_stat(st: Stream, arg: str):
+    try:
+        s = os.stat(arg)
+        _sync_reply(st, b"STAT", s.st_mode, s.st_size & 0xFFFFFFFF, int(s.st_mtime))
+    except OSError:
+        _sync_reply(st, b"STAT", 0, 0, 0)
+
+
+def _sync_list(st: Stream, arg: str):
+    try:
+        for name in sorted(os.listdir(arg)):
+            s = os.lstat(os.path.join(arg, name))
+            nb = name.encode()
+            st.write(b"DENT" + struct.pack("<4I", s.st_mode, s.st_size & 0xFFFFFFFF, int(s.st_mtime), len(nb)) + nb)
+    except OSError:
+        pass
+    st.write(b"DONE" + struct.pack("<4I", 0, 0, 0, 0))
+
+
+def _sync_send(st: Stream, arg: str):
+    """A pushed file: DATA frames until DONE, written unless the file cannot be opened (then FAIL, frames read)."""
+    path, _, mode = arg.rpartition(",")
+    err = None
+    with contextlib.ExitStack() as stack:
+        try:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fh = stack.enter_context(open(path, "wb"))
+        except OSError as e:
+            fh, err = None, str(e)
+        while True:
+            t2, n2 = st.read(4), struct.unpack("<I", st.read(4))[0]
+            if t2 == b"DATA":
+                chunk = st.read(n2)
+                if fh:
+                    fh.write(chunk)
+            elif t2 == b"DONE":
+                break
+            else:
+                raise ConnectionError(f"bad sync SEND frame {t2!r}")
+    if fh:
+        os.chmod(path, int(mode) & 0o7777)
+        _sync_reply(st, b"OKAY", 0)
+    else:
+        _sync_fail(st, err)
+
+
+def _sync_recv(st: Stream, arg: str):
+    try:
+        with open(arg, "rb") as fh:
+            while b := fh.read(64 * 1024):
+                st.write(b"DATA" + struct.pack("<I", len(b)) + b)
+        _sync_reply(st, b"DONE", 0)
+    except OSError as e:
+        _sync_fail(st, str(e))
 
 
 class AdbdPeer:
@@ -220,7 +289,7 @@ class AdbdPeer:
             self.sh, path = str(system / "sh"), str(system)
         self.env = dict(os.environ, PATH=f"{bindir}:{path}", ANDROID_ROOT="/system")
 
-    def keys(self):
+    def authorized_keys(self):
         if not self.adb_keys.exists():
             return []
         return [parse_adb_pubkey(l) for l in self.adb_keys.read_text().splitlines() if l.strip()]
@@ -305,31 +374,7 @@ class AdbdPeer:
             start_new_session=True,
         )
         self.procs.append(p)
-
-        def feed():
-            try:
-                while True:
-                    if v2:
-                        hdr = st.read(5)
-                        data = st.read(struct.unpack("<I", hdr[1:])[0])
-                        if hdr[0] == 0:
-                            p.stdin.write(data)
-                            p.stdin.flush()
-                        elif hdr[0] == 3:
-                            break
-                    else:
-                        data = st.read_some()
-                        p.stdin.write(data)
-                        p.stdin.flush()
-            except (ConnectionError, OSError, ValueError):
-                pass
-            finally:
-                try:
-                    p.stdin.close()
-                except OSError:
-                    pass
-
-        threading.Thread(target=feed, daemon=True).start()
+        threading.Thread(target=self._feed, args=(st, p, v2), daemon=True).start()
 
         def pump(f, pid):
             while True:
@@ -351,70 +396,41 @@ class AdbdPeer:
         if v2:
             st.write(struct.pack("<BI", 3, 1) + bytes([rc & 0xFF]))
 
-    def _sync(self, st: Stream):
-        def reply(tag: bytes, *vals):
-            st.write(tag + struct.pack(f"<{len(vals)}I", *vals))
+    @staticmethod
+    def _feed(st: Stream, p: subprocess.Popen, v2: bool):
+        """The host's stdin to the process (shell v2: framed, until the close-stdin frame)."""
+        try:
+            while True:
+                if v2:
+                    hdr = st.read(5)
+                    data = st.read(struct.unpack("<I", hdr[1:])[0])
+                    if hdr[0] == 0:
+                        p.stdin.write(data)
+                        p.stdin.flush()
+                    elif hdr[0] == 3:
+                        break
+                else:
+                    data = st.read_some()
+                    p.stdin.write(data)
+                    p.stdin.flush()
+        except (ConnectionError, OSError, ValueError):
+            pass
+        finally:
+            try:
+                p.stdin.close()
+            except OSError:
+                pass
 
+    def _sync(self, st: Stream):
+        requests = {b"STAT": _sync_stat, b"LIST": _sync_list, b"SEND": _sync_send, b"RECV": _sync_recv}
         while True:
             tag, ln = st.read(4), struct.unpack("<I", st.read(4))[0]
             if tag == b"QUIT":
                 return
             arg = st.read(ln).decode()
-            if tag == b"STAT":
-                try:
-                    s = os.stat(arg)
-                    reply(b"STAT", s.st_mode, s.st_size & 0xFFFFFFFF, int(s.st_mtime))
-                except OSError:
-                    reply(b"STAT", 0, 0, 0)
-            elif tag == b"LIST":
-                try:
-                    for name in sorted(os.listdir(arg)):
-                        s = os.lstat(os.path.join(arg, name))
-                        nb = name.encode()
-                        st.write(
-                            b"DENT"
-                            + struct.pack("<4I", s.st_mode, s.st_size & 0xFFFFFFFF, int(s.st_mtime), len(nb))
-                            + nb
-                        )
-                except OSError:
-                    pass
-                st.write(b"DONE" + struct.pack("<4I", 0, 0, 0, 0))
-            elif tag == b"SEND":
-                path, _, mode = arg.rpartition(",")
-                err = None
-                try:
-                    Path(path).parent.mkdir(parents=True, exist_ok=True)
-                    fh = open(path, "wb")
-                except OSError as e:
-                    fh, err = None, str(e)
-                while True:
-                    t2, n2 = st.read(4), struct.unpack("<I", st.read(4))[0]
-                    if t2 == b"DATA":
-                        chunk = st.read(n2)
-                        if fh:
-                            fh.write(chunk)
-                    elif t2 == b"DONE":
-                        break
-                    else:
-                        raise ConnectionError(f"bad sync SEND frame {t2!r}")
-                if fh:
-                    fh.close()
-                    os.chmod(path, int(mode) & 0o7777)
-                    reply(b"OKAY", 0)
-                else:
-                    msg = err.encode()
-                    st.write(b"FAIL" + struct.pack("<I", len(msg)) + msg)
-            elif tag == b"RECV":
-                try:
-                    with open(arg, "rb") as fh:
-                        while b := fh.read(64 * 1024):
-                            st.write(b"DATA" + struct.pack("<I", len(b)) + b)
-                    reply(b"DONE", 0)
-                except OSError as e:
-                    msg = str(e).encode()
-                    st.write(b"FAIL" + struct.pack("<I", len(msg)) + msg)
-            else:
+            if tag not in requests:
                 raise ConnectionError(f"unknown sync request {tag!r}")
+            requests[tag](st, arg)
 
     def _tcp(self, st: Stream, port: int):
         s = socket.create_connection(("127.0.0.1", port), timeout=10)

@@ -67,8 +67,9 @@ class LabHost:
     def start_board(self, d: Path) -> Sshd:
         self.board = b = Sshd(d, netns=_InNs(self.ns))
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        b.proc = subprocess.Popen([*self.prefix(), SSHD, "-D", "-e", "-f", str(b.config)],
-                                  stdout=subprocess.DEVNULL, stderr=open(b.d / "sshd.log", "ab"))
+        with open(b.d / "sshd.log", "ab") as log:           # the child keeps its own copy of the descriptor
+            b.proc = subprocess.Popen([*self.prefix(), SSHD, "-D", "-e", "-f", str(b.config)],
+                                      stdout=subprocess.DEVNULL, stderr=log)
         probe = [*self.prefix(), "bash", "-c", f"echo > /dev/tcp/127.0.0.1/{b.port}"]
         wait_for(lambda: subprocess.run(probe, capture_output=True).returncode == 0, 20, f"{self.name}'s sshd")
         return b
@@ -81,12 +82,13 @@ class LabHost:
 
     def join(self, lab: Path, cache: Path, log: Path, extra: list[str] | None = None) -> subprocess.Popen:
         """`devicelab worker` on this host, in the foreground of its own process group."""
-        self.worker = subprocess.Popen(
-            [*self.prefix(), sys.executable, "-m", "devicelab.cli", "worker", "--address", self.net.address,
-             "--lab", str(lab), "--host", self.name, "--node-ip", self.ip, "--cache", str(cache), *RAY_ARGS,
-             # the lab hosts share this machine's /tmp/ray: their nodes' sockets must not collide
-             f"--ray-arg=--temp-dir=/tmp/{self.ns}-ray", *(extra or [])],
-            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True, env=self.net.env())
+        with open(log, "ab") as out:                         # the child keeps its own copy of the descriptor
+            self.worker = subprocess.Popen(
+                [*self.prefix(), sys.executable, "-m", "devicelab.cli", "worker", "--address", self.net.address,
+                 "--lab", str(lab), "--host", self.name, "--node-ip", self.ip, "--cache", str(cache), *RAY_ARGS,
+                 # the lab hosts share this machine's /tmp/ray: their nodes' sockets must not collide
+                 f"--ray-arg=--temp-dir=/tmp/{self.ns}-ray", *(extra or [])],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.net.env())
         return self.worker
 
     def kill_node(self) -> None:
@@ -156,10 +158,11 @@ class LabNet:
         return ok
 
     def start_head(self, lab: Path, log: Path) -> subprocess.Popen:
-        self.head = subprocess.Popen(
-            [*self.prefix(), sys.executable, "-m", "devicelab.cli", "head", "--lab", str(lab), "--port", str(self.port),
-             "--node-ip", self.head_ip, "--host", "head", *RAY_ARGS],
-            stdout=open(log, "ab"), stderr=subprocess.STDOUT, start_new_session=True, env=self.env())
+        with open(log, "ab") as out:                         # the child keeps its own copy of the descriptor
+            self.head = subprocess.Popen(
+                [*self.prefix(), sys.executable, "-m", "devicelab.cli", "head", "--lab", str(lab), "--port",
+                 str(self.port), "--node-ip", self.head_ip, "--host", "head", *RAY_ARGS],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env())
         wait_for(lambda: self.identity() is not None or self.head.poll() is not None, 180, "the head to start")
         assert self.head.poll() is None, log.read_text()[-3000:]
         return self.head

@@ -82,9 +82,8 @@ def check_forward(t, port: int) -> int:
             assert got == msg, (i, len(got), len(msg))
             return got
 
-    with t.forward(port) as lp:
-        with ThreadPoolExecutor(4) as ex:
-            assert len(list(ex.map(one, range(4)))) == 4
+    with t.forward(port) as lp, ThreadPoolExecutor(4) as ex:
+        assert len(list(ex.map(one, range(4)))) == 4
     return lp
 
 

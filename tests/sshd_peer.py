@@ -98,8 +98,9 @@ Subsystem sftp internal-sftp
     def start(self):
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         prefix = self.netns.prefix() if self.netns else []
-        self.proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(self.config)], stdout=subprocess.DEVNULL,
-                                     stderr=open(self.d / "sshd.log", "ab"))
+        with open(self.d / "sshd.log", "ab") as log:      # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(self.config)],
+                                         stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
@@ -107,7 +108,7 @@ Subsystem sftp internal-sftp
                 return self
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"sshd exited: {(self.d / 'sshd.log').read_text()[-2000:]}")
+                    raise RuntimeError(f"sshd exited: {(self.d / 'sshd.log').read_text()[-2000:]}") from None
                 time.sleep(0.05)
         raise RuntimeError("sshd did not start listening")
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import devicelab
 
 from devicelab.build import cache, targets
+from devicelab.ledger import ledger_path
 from devicelab.models.ladder import Ladder
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
@@ -64,7 +65,7 @@ def test_lab_run_on_an_emulated_aarch64_board(tmp_path, arm_build, host_build, s
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
-    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     assert rows.target.str.startswith("aarch64-linux-static").all()
     assert (rows[rows.metric == "decode_tps"].value > 0).all()
     assert rows[rows.metric == "kld_mean"].value.notna().all()
@@ -75,7 +76,7 @@ def test_lab_run_on_an_emulated_aarch64_board(tmp_path, arm_build, host_build, s
 
 def test_bandwidth_payload_builds_and_runs_for_aarch64(arm_build):
     from devicelab.build import payloads
-    exe = payloads.ensure_membw(arm_build)
+    exe = payloads.ensure_c_payload("membw", arm_build)
     machine, dynamic = elf_info(exe)
     assert machine == 183 and not dynamic
     p = subprocess.run(["qemu-aarch64-static", str(exe), "-m", "64", "-r", "2", "-t", "2"], capture_output=True,

@@ -18,6 +18,7 @@ from conftest import FIXTURES, check_forward, devicelab, echo_server
 
 from devicelab import push
 from devicelab.errors import DevicelabError, RetryableError
+from devicelab.ledger import ledger_path
 from devicelab.transports.adb import ADBTransport
 
 pytestmark = pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)")
@@ -231,7 +232,7 @@ def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_pat
     assert "phone: ship smollm2-135m" in p.stdout and "no Android NDK" in p.stderr
     from devicelab.ledger import Ledger
 
-    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     assert rows.target.str.startswith("aarch64-linux-static").all()
     assert rows.device_facts.str.contains("Android 14").all() and rows.device_facts.str.contains("Peer 7").all()
     assert (rows[rows.metric == "decode_tps"].value > 0).all()
@@ -290,7 +291,7 @@ def test_batched_and_llama_server_on_the_phone_peer(adb, tmp_path, source, host_
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
 
-    led = Ledger(tmp_path / "lab" / "ledger.sqlite")
+    led = Ledger(ledger_path(tmp_path / "lab"))
     assert [c["status"] for c in led.cells()] == ["done", "done"]
     rows = led.rows_frame()
     assert rows.target.str.startswith("aarch64-linux-static").all()
@@ -316,7 +317,7 @@ def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, 
     recipe = tmp_path / "r.yaml"
     # long enough to be cut mid-cell (model load alone takes seconds under qemu), short enough to re-run
     recipe.write_text(PHONE_RECIPE.replace("gen: [4]", "gen: [16]"))
-    db = tmp_path / "lab" / "ledger.sqlite"
+    db = ledger_path(tmp_path / "lab")
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -396,7 +397,7 @@ def test_two_phones_by_serial_one_unplugged_the_other_goes_on(adb, tmp_path, sou
     a.kill()  # phone A is unplugged before the run
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 1, p.stdout + p.stderr
-    con = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite")
+    con = sqlite3.connect(ledger_path(tmp_path / "lab"))
     st = dict(con.execute("SELECT device, status FROM cells").fetchall())
     assert st == {"phone-a": "failed-retryable", "phone-b": "done"}, st
     err = con.execute("SELECT error FROM cells WHERE device='phone-a'").fetchone()[0]

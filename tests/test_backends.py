@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from devicelab.build import backends, targets
+from devicelab.ledger import ledger_path
 
 
 def _exe(d: Path, name: str, text: str) -> None:
@@ -89,7 +90,7 @@ def test_the_opencl_variant_compiles_here_and_is_skipped_for_want_of_a_device(tm
                       "repetitions: 1, n_gpu_layers: [99]}\n")
     p = devicelab("run", recipe, "--lab-dir", tmp_path / "lab", timeout=3600)
     assert p.returncode == 0, p.stdout + p.stderr
-    (st, err), = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite").execute("SELECT status, error FROM cells")
+    (st, err), = sqlite3.connect(ledger_path(tmp_path / "lab")).execute("SELECT status, error FROM cells")
     assert st == "skipped" and "sees no opencl device" in err and "only on Adreno and Intel GPUs" in err
     import dataclasses
 

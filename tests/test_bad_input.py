@@ -6,6 +6,8 @@ import subprocess
 import pytest
 from conftest import FIXTURES, REPO, devicelab
 
+from devicelab.ledger import ledger_path
+
 GOOD = (REPO / "tests" / "recipes" / "e2e-small.yaml").read_text()
 
 
@@ -20,7 +22,7 @@ def lab_with_data(tmp_path):
 
 
 def count_rows(lab):
-    return sqlite3.connect(lab / "ledger.sqlite").execute("SELECT count(*) FROM rows").fetchone()[0]
+    return sqlite3.connect(ledger_path(lab)).execute("SELECT count(*) FROM rows").fetchone()[0]
 
 
 def one_line_error(p):

@@ -10,6 +10,7 @@ output formats."""
 import math
 import shutil
 import stat
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -82,7 +83,7 @@ def test_linux_memavailable_at_idle(tmp_path):
     t = LocalTransport("board", root=str(tmp_path / "wd"))
     f = collect(t, str(REPO / "device_payloads"), str(tmp_path / "none"))
     b = budget.from_facts(f)
-    have = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo")}
+    have = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()}
     assert b.source == "MemAvailable"
     assert abs(b.bytes - have["MemAvailable"]) < 0.1 * have["MemTotal"]
     assert budget.from_facts(f, override=3 * 1024**3) == budget.Budget(3 * 1024**3, "lab file",
@@ -104,7 +105,7 @@ def test_phone_lmk_threshold_and_battery_from_a_fixture_tree(tmp_path):
     assert f["mem.lmk_minfree"] == "18432,23040,27648,32256,55296,80640"
     f["android.model"] = "Peer 7"          # this machine is no phone: its facts say so
     b = budget.from_facts(f)
-    have = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in open("/proc/meminfo")}
+    have = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()}
     assert b.source == "MemAvailable" and "foreground threshold 72 MiB" in b.detail
     assert abs(b.bytes - (have["MemAvailable"] - 18432 * 4096)) < 0.1 * have["MemTotal"]
     wh, how = budget.battery(f)
@@ -167,7 +168,7 @@ def _cands(quant_acc: dict, tasks=("easy", "hard"), energy=True):
                             energy_calibration=cal, **common))
             rows.append(row(metric="energy_per_token", value=2.0, phase="decode", n_gen=64,
                             energy_calibration=cal, **common))
-        for t, a in zip(tasks, accs):
+        for t, a in zip(tasks, accs, strict=True):
             if a is not None:
                 rows.append(row(metric="accuracy", value=a, phase="eval", test=t, **common))
     return pd.DataFrame(rows)

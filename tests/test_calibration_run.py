@@ -9,6 +9,8 @@ import pytest
 from conftest import fixture_board_run
 from test_sampler import SHELLS, Writer
 
+from devicelab.ledger import ledger_path
+
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not SHELLS, reason="needs dash or busybox")]
 
 
@@ -31,7 +33,7 @@ def test_battery_calibration_carries_to_a_later_cell(tmp_path, host_build, smol_
         w.stop.set()
         w.join()
     from devicelab.ledger import Ledger
-    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     pw = rows[(rows.metric == "power_mean") & (rows.phase == "cell")].sort_values("row_id")
     assert len(pw) == 2, "run 2 re-ran nothing of run 1"
     first, second = (json.loads(c) for c in pw.energy_calibration)

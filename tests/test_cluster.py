@@ -17,6 +17,8 @@ from cluster_peer import LabNet, wait_for
 from conftest import devicelab
 from sshd_peer import SSHD
 
+from devicelab.ledger import ledger_path
+
 ray = pytest.importorskip("ray", reason="the cluster tests need the [cluster] extra (ray)")
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not shutil.which(SSHD), reason="needs openssh-server")]
 
@@ -32,7 +34,7 @@ def recipe(path, name, devices, quants):
 
 def cells(db, recipe_name):
     con = sqlite3.connect(db)
-    return {r[0]: dict(zip(("device", "status", "error", "attempts"), r[1:])) for r in con.execute(
+    return {r[0]: dict(zip(("device", "status", "error", "attempts"), r[1:], strict=True)) for r in con.execute(
         "SELECT cell_id, device, status, error, attempts FROM cells WHERE recipe=?", (recipe_name,))}
 
 
@@ -106,7 +108,7 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
 
     # the recipe across both hosts; a second run needing board2 waits for it; w1 is killed mid-cell
     lab_dir = tmp_path / "lab"
-    db = lab_dir / "ledger.sqlite"
+    db = ledger_path(lab_dir)
     ra = recipe(tmp_path / "a.yaml", "across", ["board1", "board2", "here"], ["q8_0", "q4_0", "q4_1"])
     a = start_run(net, ra, lab, lab_dir, tmp_path / "a.log")
     wait_for(lambda: running(db, "board2") or a.poll() is not None, 600, "board2's first cell")

@@ -13,6 +13,8 @@ pytest.importorskip("torch", reason="needs the [convert] extra: pip install -e '
 pytest.importorskip("peft", reason="needs the [convert] extra: pip install -e '.[convert]'")
 import tinyllama  # noqa: E402
 
+from devicelab.ledger import ledger_path
+
 pytestmark = pytest.mark.e2e
 
 RECIPE = """
@@ -46,7 +48,7 @@ def test_checkpoint_imatrix_iquants_and_lora_in_a_real_run(tiny, host_build):
     p = devicelab("run", recipe, "--lab-dir", d / "lab", timeout=3600)
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
-    rows = Ledger(d / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(d / "lab")).rows_frame()
     assert set(rows.model) == {"tiny", "tiny-ft"} and set(rows.quant) == {"bf16", "q8_0", "iq4_xs", "iq3_s"}
     dec = rows[rows.metric == "decode_tps"]
     assert len(dec) == 8 and (dec.value > 0).all()

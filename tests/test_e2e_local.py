@@ -8,6 +8,8 @@ import pandas as pd
 import pytest
 from conftest import FIXTURES, REPO, devicelab
 
+from devicelab.ledger import ledger_path
+
 pytestmark = pytest.mark.e2e
 RECIPE = REPO / "tests" / "recipes" / "e2e-small.yaml"
 
@@ -22,7 +24,7 @@ def lab(tmp_path_factory, host_build, smol_path):
 
 def frame(lab_dir):
     from devicelab.ledger import Ledger
-    return Ledger(lab_dir / "ledger.sqlite").rows_frame(recipe="e2e-small")
+    return Ledger(ledger_path(lab_dir)).rows_frame(recipe="e2e-small")
 
 
 def test_bench_rows_real_and_repetitions_stored(lab):
@@ -68,13 +70,13 @@ def test_peak_rss_plausible(lab):
 
 def test_rerun_executes_no_finished_cell(lab):
     d, first = lab
-    before = {r[0]: r[1] for r in sqlite3.connect(d / "ledger.sqlite").execute("SELECT cell_id, attempts FROM cells")}
-    n_rows = sqlite3.connect(d / "ledger.sqlite").execute("SELECT count(*) FROM rows").fetchone()[0]
+    before = {r[0]: r[1] for r in sqlite3.connect(ledger_path(d)).execute("SELECT cell_id, attempts FROM cells")}
+    n_rows = sqlite3.connect(ledger_path(d)).execute("SELECT count(*) FROM rows").fetchone()[0]
     p = devicelab("run", RECIPE, "--lab-dir", d, check=True)
     assert "12 cells, 12 already done, 0 ran" in p.stdout
-    after = {r[0]: r[1] for r in sqlite3.connect(d / "ledger.sqlite").execute("SELECT cell_id, attempts FROM cells")}
+    after = {r[0]: r[1] for r in sqlite3.connect(ledger_path(d)).execute("SELECT cell_id, attempts FROM cells")}
     assert before == after
-    assert n_rows == sqlite3.connect(d / "ledger.sqlite").execute("SELECT count(*) FROM rows").fetchone()[0]
+    assert n_rows == sqlite3.connect(ledger_path(d)).execute("SELECT count(*) FROM rows").fetchone()[0]
 
 
 def test_recommendation_printed_and_reproducible_from_export(lab, tmp_path):
@@ -102,6 +104,6 @@ def test_import_llama_bench_jsonl(tmp_path):
     p = devicelab("import-bench", src, "--device", "laptop", "--lab-dir", tmp_path, check=True)
     assert "imported 4 rows" in p.stdout
     from devicelab.ledger import Ledger
-    rows = Ledger(tmp_path / "ledger.sqlite").rows_frame(recipe="imported")
+    rows = Ledger(ledger_path(tmp_path)).rows_frame(recipe="imported")
     assert set(rows.metric) == {"prefill_tps", "decode_tps", "test_seconds"}
     assert (rows.device == "laptop").all() and rows.bpw.iloc[0] == pytest.approx(103668480 * 8 / 134515008)

@@ -10,6 +10,7 @@ import pytest
 from conftest import devicelab
 
 from devicelab import paths
+from devicelab.ledger import ledger_path
 
 SHELLS = [s for s in (["dash"], ["busybox", "sh"]) if shutil.which(s[0])]
 SCRIPT = paths.device_payloads_dir() / "governor.sh"
@@ -53,6 +54,6 @@ def test_executor_pins_records_and_restores(tmp_path, host_build, smol_path):
     p = devicelab("run", r, "--lab", lab, "--lab-dir", tmp_path / "out")
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
-    rows = Ledger(tmp_path / "out" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(tmp_path / "out")).rows_frame()
     assert (rows.governor == "pinned 3 performance").all()
     assert govs(root) == ["schedutil"] * 3            # restored after the device's cells

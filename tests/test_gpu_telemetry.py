@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from test_sampler import SAMPLER, SHELLS
 
-from devicelab.telemetry import normalize, parsers, sampler_csv
+from devicelab.telemetry import normalize, sampler_csv
+from devicelab.telemetry.sources import nvidia_smi
 
 
 def _tree(root: Path, files: dict) -> Path:
@@ -43,7 +44,7 @@ def _sample(shell, root, out, seconds=0.6):
 
 
 def _by(tr, nv=None):
-    return {r.metric: r for r in normalize.gpu_rows(tr, nv)}
+    return {r.metric: r for r in normalize.gpu_rows(tr, {nvidia_smi.SOURCE.name: nv} if nv else None)}
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
@@ -71,7 +72,7 @@ clocks.sm [MHz], clocks_throttle_reasons.active
 
 
 def test_nvidia_smi_csv(tmp_path):
-    s = parsers.nvidia_smi(NVSMI)
+    s = nvidia_smi.parse(NVSMI)
     assert len(s) == 4 and s[0]["name"] == "NVIDIA H200" and s[3]["power_w"] is None
     assert s[1]["mem_bytes"] == 2210 * 1024**2 and s[2]["busy"] == 1.0 and s[0]["throttle"] == 1
     assert s[1]["t"] - s[0]["t"] == pytest.approx(0.1, abs=1e-3)

@@ -12,6 +12,7 @@ import pytest
 from conftest import devicelab
 from sshd_peer import SSHD, Sshd
 
+from devicelab.ledger import ledger_path
 from devicelab.runner.host import HostCPUs
 
 BENCH = "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n"
@@ -26,7 +27,7 @@ def recipe(tmp_path, devices, quants="[q8_0]", payloads=BENCH, name="lanes"):
 
 def cells(db):
     con = sqlite3.connect(db)
-    return [dict(zip(("device", "quant", "status", "error"), r))
+    return [dict(zip(("device", "quant", "status", "error"), r, strict=True))
             for r in con.execute("SELECT device, quant, status, error FROM cells ORDER BY device, quant")]
 
 
@@ -66,7 +67,7 @@ def test_a_device_whose_setup_fails_beside_one_that_works(tmp_path, host_build, 
                   "--lab-dir", tmp_path / "lab")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
-    db = tmp_path / "lab" / "ledger.sqlite"
+    db = ledger_path(tmp_path / "lab")
     st = cells(db)
     assert [c["status"] for c in st if c["device"] == "good"] == ["done", "done"]
     broken = [c for c in st if c["device"] == "broken"]
@@ -92,7 +93,7 @@ def test_a_parser_that_meets_garbage_fails_that_cell_only(tmp_path, host_build, 
     p = devicelab("run", recipe(tmp_path, ["odd", "fine"], "[q8_0, q4_0]"), "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
-    st = {(c["device"], c["quant"]): c for c in cells(tmp_path / "lab" / "ledger.sqlite")}
+    st = {(c["device"], c["quant"]): c for c in cells(ledger_path(tmp_path / "lab"))}
     assert st[("odd", "q4_0")]["status"] == "failed"
     assert "cannot read" in st[("odd", "q4_0")]["error"] and st[("odd", "q4_0")]["error"].startswith("odd: ")
     assert st[("odd", "q8_0")]["status"] == st[("fine", "q8_0")]["status"] == st[("fine", "q4_0")]["status"] == "done"
@@ -111,7 +112,7 @@ def test_lanes_run_at_once_and_say_what_else_ran(tmp_path, host_build, smol_path
                   "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
-    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     acts = rows.drop_duplicates("cell_id").set_index("device").host_activity.dropna()
     assert acts.loc["a"].str.contains("b cell").any() and acts.loc["b"].str.contains("a cell").any(), acts
 
@@ -179,7 +180,7 @@ def test_a_device_lost_mid_cell_beside_one_that_is_not(tmp_path, host_build, smo
     lab.write_text(sshd.lab_yaml("board"))
     r = tmp_path / "r.yaml"
     r.write_text(LOST)
-    db = tmp_path / "lab" / "ledger.sqlite"
+    db = ledger_path(tmp_path / "lab")
     proc = start_run(r, lab, tmp_path / "lab")
     wait_running(db, proc, 1, "device='board'")
     time.sleep(1.0)
@@ -214,7 +215,7 @@ def test_ctrl_c_stops_every_lane_and_puts_every_device_back(tmp_path, host_build
         f"telemetry_root: '{roots[n]}'}}\n" for n in roots))
     r = recipe(tmp_path, ["a", "b"], "[q8_0, q4_0]",
                payloads="  - {kind: bench, prompt: [64], gen: [128], threads: [1], repetitions: 3}\n", name="cut")
-    db = tmp_path / "lab" / "ledger.sqlite"
+    db = ledger_path(tmp_path / "lab")
     import signal
     proc = start_run(r, lab, tmp_path / "lab")
     wait_running(db, proc, 2)

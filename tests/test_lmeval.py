@@ -11,6 +11,7 @@ from conftest import REPO, devicelab
 
 from devicelab import lmeval
 from devicelab.errors import DevicelabError
+from devicelab.ledger import ledger_path
 
 TASKS = REPO / "recipes" / "tasks" / "lm-eval"
 
@@ -34,7 +35,7 @@ def test_a_route_that_cannot_score_a_task_is_refused_before_anything_runs(tmp_pa
     assert p.returncode != 0
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "payloads.0" in err[0], p.stderr
-    assert not (lab / "ledger.sqlite").exists()          # refused before a ledger or a build exists
+    assert not (ledger_path(lab)).exists()          # refused before a ledger or a build exists
     if task.startswith("devicelab_"):
         with pytest.raises(DevicelabError, match=needle):
             lmeval.check_tasks(route, [task], lmeval.declared_output_types(TASKS))
@@ -68,7 +69,7 @@ def routes(tmp_path_factory, host_build, smol_path):
     p = devicelab("run", d / "r.yaml", "--lab-dir", d / "lab", timeout=3600)
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
-    return d, Ledger(d / "lab" / "ledger.sqlite").rows_frame()
+    return d, Ledger(ledger_path(d / "lab")).rows_frame()
 
 
 def test_generation_task_through_llama_server_on_the_device(routes):
@@ -101,7 +102,7 @@ def test_loglikelihood_task_on_the_host_through_llama_cpp_python(routes):
     only.write_text("\n".join(l for l in RECIPE.splitlines() if "server-generate" not in l))
     again = devicelab("run", only, "--lab-dir", d / "lab2", timeout=3600, check=True)
     assert "on the host (llama-cpp-python)" not in again.stdout
-    r2 = Ledger(d / "lab2" / "ledger.sqlite").rows_frame()
+    r2 = Ledger(ledger_path(d / "lab2")).rows_frame()
     a2 = r2[r2.metric == "accuracy"].set_index("quant").value
     assert a2.to_dict() == acc.value.to_dict()
 
@@ -112,7 +113,7 @@ def test_recommendation_uses_the_route_accuracies(routes):
                                check=True).stdout)[0]
     assert {c["quant"] for c in rec["candidates"]} == {"q8_0", "q2_k"}
     assert all(c["accuracy"] is not None for c in rec["candidates"])
-    con = sqlite3.connect(d / "lab" / "ledger.sqlite")
+    con = sqlite3.connect(ledger_path(d / "lab"))
     assert con.execute("select count(*) from rows where eval_route is not null").fetchone()[0] >= 4
 
 
@@ -127,7 +128,7 @@ def test_a_server_that_cannot_start_fails_its_cell_with_the_reason(tmp_path, hos
                  "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n")
     p = devicelab("run", r, "--lab-dir", tmp_path / "lab", timeout=900)
     assert p.returncode == 1, p.stdout + p.stderr
-    con = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite")
+    con = sqlite3.connect(ledger_path(tmp_path / "lab"))
     st = dict(con.execute("SELECT payload, status FROM cells").fetchall())
     assert st == {"eval": "failed", "bench": "done"}, st
     err = con.execute("SELECT error FROM cells WHERE payload='eval'").fetchone()[0]

@@ -11,7 +11,8 @@ import pytest
 from conftest import FIXTURES
 
 from devicelab import paths
-from devicelab.telemetry import normalize, parsers, sampler_csv
+from devicelab.telemetry import normalize, sampler_csv
+from devicelab.telemetry.sources import powermetrics
 
 PM = FIXTURES / "snapshots" / "powermetrics-m2.plist"
 
@@ -43,7 +44,7 @@ def fakebin(tmp_path):
 
 
 def test_parser_reads_energy_thermal_pressure_and_clusters():
-    s = parsers.powermetrics(PM.read_bytes())
+    s = powermetrics.parse(PM.read_bytes())
     assert len(s) == 3, "the torn last sample is skipped"
     assert s[0]["elapsed_s"] == pytest.approx(0.100) and s[2]["elapsed_s"] == pytest.approx(0.102)
     assert [x["energy_j"] for x in s] == pytest.approx([0.455, 1.670, 1.748])     # (cpu+gpu+ane) mJ → J
@@ -55,14 +56,14 @@ def test_parser_reads_energy_thermal_pressure_and_clusters():
 def test_only_combined_power_is_integrated_over_the_sample():
     import plistlib
     raw = plistlib.dumps({"elapsed_ns": 250_000_000, "processor": {"combined_power": 4000.0}})
-    s = parsers.powermetrics(raw)
+    s = powermetrics.parse(raw)
     assert s[0]["energy_j"] == pytest.approx(1.0) and s[0]["energy_from"] == "combined_power"   # 4 W × 0.25 s
 
 
 def test_summary_on_a_mac_takes_cell_energy_clock_and_throttle_from_powermetrics():
     empty = sampler_csv.parse("# clock none\ntick,t_s\n0,\n1,\n")     # a Mac: no sysfs, no /proc/uptime
-    pm = parsers.powermetrics(PM.read_bytes())
-    summ = normalize.summarize(empty, [normalize.Phase("tg64", "tg", 0, 1, 64)], None, pm)
+    pm = powermetrics.parse(PM.read_bytes())
+    summ = normalize.summarize(empty, [normalize.Phase("tg64", "tg", 0, 1, 64)], None, {powermetrics.SOURCE.name: pm})
     by = {(r.metric, r.phase): r for r in summ.rows}
     assert by[("energy", "cell")].value == pytest.approx(0.455 + 1.670 + 1.748)
     assert by[("power_mean", "cell")].value == pytest.approx((0.455 + 1.670 + 1.748) / 0.303)
@@ -114,7 +115,7 @@ def test_runner_starts_powermetrics_beside_the_payload_and_stops_it(tmp_path, fa
     assert log.with_suffix(".via").exists() == (how == "sudo")
     pids = dict(kv.split("=") for kv in (out / "pids").read_text().split())
     assert not os.path.exists(f"/proc/{pids['powermetrics']}")
-    samples = parsers.powermetrics((out / "powermetrics.plist").read_bytes())
+    samples = powermetrics.parse((out / "powermetrics.plist").read_bytes())
     assert len(samples) >= 3 * 3, "several intervals' worth while the payload ran"
 
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, devicelab
 
 from devicelab import paths
+from devicelab.ledger import ledger_path
 from devicelab.recommend import Candidate, dominates
 
 pytestmark = pytest.mark.e2e
@@ -29,7 +30,7 @@ def lab(tmp_path_factory, host_build, smol_path):
 
 def rows(d):
     from devicelab.ledger import Ledger
-    return Ledger(d / "ledger.sqlite").rows_frame()
+    return Ledger(ledger_path(d)).rows_frame()
 
 
 def test_two_model_frontier_and_recommendation(lab):
@@ -134,7 +135,7 @@ def test_device_host_check_fails_when_a_different_file_is_swapped_in(tmp_path, h
         shutil.copyfile(saved, q8)
     from devicelab.ledger import Ledger
 
-    r = Ledger(tmp_path / "b" / "ledger.sqlite").rows_frame()
+    r = Ledger(ledger_path(tmp_path / "b")).rows_frame()
     dh = r[r.metric == "devhost_kld_mean"].set_index("quant").value
     assert dh["q8_0"] > 0.05 and dh["q2_k"] < 1e-3
     rec = json.loads(

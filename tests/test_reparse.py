@@ -7,6 +7,8 @@ import pandas as pd
 import pytest
 from conftest import devicelab
 
+from devicelab.ledger import ledger_path
+
 pytestmark = pytest.mark.e2e
 
 RECIPE = """name: reparse
@@ -31,7 +33,7 @@ def test_reparse_reproduces_a_real_run_exactly(tmp_path, host_build, smol_path):
     r.write_text(RECIPE)
     lab = tmp_path / "lab"
     devicelab("run", r, "--lab-dir", lab, check=True)
-    db = lab / "ledger.sqlite"
+    db = ledger_path(lab)
     before = rows(db)
     assert len(before) > 50 and set(before.payload) == {"bench", "kld", "membw"}
     con = sqlite3.connect(db)

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO, devicelab
 
+from devicelab.ledger import ledger_path
+
 pytestmark = pytest.mark.e2e
 RECIPE = REPO / "tests" / "recipes" / "resume.yaml"
 
@@ -27,7 +29,7 @@ def states(db):
 def test_sigkill_mid_sweep_then_resume(tmp_path, host_build, smol_path):
     # ladder files first, so the kill lands in the sweep rather than in llama-quantize
     devicelab("model", "ladder", "--quants", "q8_0,q4_0,q4_k_m", check=True)
-    db = tmp_path / "ledger.sqlite"
+    db = ledger_path(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(RECIPE), "--lab-dir", str(tmp_path)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600

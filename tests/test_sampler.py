@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from devicelab import paths
-from devicelab.telemetry import normalize, sampler_csv
+from devicelab.telemetry import normalize, sampler_csv, units
+from devicelab.telemetry.sources import cpufreq, power_supply
 
 # mksh: Android's /system/bin/sh
 SHELLS = [s for s in (["dash"], ["busybox", "sh"], ["mksh"]) if shutil.which(s[0])]
@@ -172,7 +173,7 @@ def test_battery_only_current_sign_and_units(tmp_path, shell):
 def test_current_unit_detection():
     import pandas as pd
     for raw, unit, amps in (([450_000, 460_000], "uA", 0.45), ([450, 460], "mA", 0.45), ([0.45, 0.46], "A", 0.45)):
-        a, u = normalize.current_to_a(pd.Series(raw, dtype=float))
+        a, u = power_supply.current_to_a(pd.Series(raw, dtype=float))
         assert u == unit and a.iloc[0] == pytest.approx(amps)
 
 
@@ -191,7 +192,7 @@ def test_missing_sources_are_nan_with_reason_never_zero(tmp_path, shell):
 
 def test_rapl_wrap_arithmetic():
     import pandas as pd
-    e = normalize.rapl_energy_j(pd.Series([1_900_000, 100_000, 300_000]), 2_000_000)
+    e = units.counter_j(pd.Series([1_900_000, 100_000, 300_000]), 2_000_000)
     assert list(e) == pytest.approx([0.0, 0.2, 0.4])
 
 
@@ -199,7 +200,7 @@ def test_rapl_wrap_arithmetic():
 def test_charge_counter_calibration_beats_the_magnitude_guess(tmp_path, shell):
     """A board idling at 8 mA: 8000 µA in current_now looks like 'mA' to a magnitude rule (8 A!).
     The drop of charge_counter over the cell says µA, and the reported sign is the other way round."""
-    assert normalize.current_to_a(__import__("pandas").Series([8000.0]))[1] == "mA"   # the rule alone is wrong
+    assert power_supply.current_to_a(__import__("pandas").Series([8000.0]))[1] == "mA"   # the rule alone is wrong
     w = Writer(tmp_path / "root", rapl=False, i0=-8000, k=0, charge_counter=True)
     tr = sample_while(w, shell, tmp_path / "root", tmp_path / "t.csv", seconds=3.0)
     t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
@@ -254,7 +255,7 @@ def test_calibration_picks_ma_for_a_milliamp_vendor():
     t = np.linspace(0, 60, 61)
     raw = pd.Series(np.full(61, 450.0))  # mA, positive = discharging on this vendor
     cc = pd.Series(3_000_000 - 450_000 * t / 3600)  # µAh falling at 450 mA
-    cal = normalize.calibrate_current(t, raw, cc)
+    cal = power_supply.calibrate_current(t, raw, cc)
     assert cal["current_unit"] == "mA" and cal["current_sign"] == 1.0
 
 
@@ -346,11 +347,11 @@ def test_slow_sources_once_a_second_and_at_the_end_clock_per_cluster(tmp_path, s
         th.join()
     assert tr.reader == "awk"
     df = tr.frame
-    assert tr.columns(normalize.FREQ_COLS) == [
+    assert tr.columns(cpufreq.FREQ_COLS) == [
         "sys/devices/system/cpu/cpufreq/policy0/scaling_cur_freq",
         "sys/devices/system/cpu/cpufreq/policy4/scaling_cur_freq",
     ]
-    assert df[tr.columns(normalize.FREQ_COLS)].notna().all().all(), "clocks every tick"
+    assert df[tr.columns(cpufreq.FREQ_COLS)].notna().all().all(), "clocks every tick"
     z = df["sys/class/thermal/thermal_zone29/temp"]
     read = df.index[z.notna()].tolist()
     assert read[0] == 0 and read[-1] == len(df) - 1, "first and last tick carry temperatures"

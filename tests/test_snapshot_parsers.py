@@ -8,32 +8,33 @@ import stat
 import pytest
 from conftest import FIXTURES
 
-from devicelab.telemetry import parsers, snapshots
+from devicelab.telemetry import snapshots
+from devicelab.telemetry.sources import android, mac
 from devicelab.transports.local import LocalTransport
 
 S = FIXTURES / "snapshots"
 
 
 def test_dumpsys_battery_units():
-    d = parsers.dumpsys_battery((S / "dumpsys-battery.txt").read_text())
+    d = android.battery((S / "dumpsys-battery.txt").read_text())
     assert d["plugged"] is True and d["status"] == "charging" and d["updates_stopped"] is False
     assert d["battery_level"] == pytest.approx(0.85)
     assert d["battery_voltage"] == pytest.approx(4.273)        # mV → V
     assert d["battery_temp"] == pytest.approx(28.3)            # deci-°C → °C
     assert d["charge_counter_c"] == pytest.approx(2755000 * 3.6e-3)   # µAh → C
-    u = parsers.dumpsys_battery((S / "dumpsys-battery-unplugged.txt").read_text())
+    u = android.battery((S / "dumpsys-battery-unplugged.txt").read_text())
     assert u["updates_stopped"] is True and u["plugged"] is False and u["status"] == "discharging"
 
 
 def test_dumpsys_thermalservice():
-    d = parsers.dumpsys_thermalservice((S / "dumpsys-thermalservice.txt").read_text())
+    d = android.thermalservice((S / "dumpsys-thermalservice.txt").read_text())
     assert d["thermal_status"] == 2
     assert [t["name"] for t in d["temperatures"]] == ["cpu0-silver-usr", "cpu4-gold-usr", "battery", "skin"]
     assert d["temp_max"] == pytest.approx(47.9)
 
 
 def test_ioreg_signed_current_and_units():
-    d = parsers.ioreg_battery((S / "ioreg-AppleSmartBattery.txt").read_text())
+    d = mac.ioreg_battery((S / "ioreg-AppleSmartBattery.txt").read_text())
     # InstantAmperage 18446744073709550371 is -1245 mA as unsigned 64-bit: discharging → +1.245 A
     assert d["battery_current"] == pytest.approx(1.245)
     assert d["battery_voltage"] == pytest.approx(12.739)
@@ -43,12 +44,12 @@ def test_ioreg_signed_current_and_units():
 
 
 def test_pmset():
-    b = parsers.pmset_batt((S / "pmset-batt.txt").read_text())
+    b = mac.pmset_batt((S / "pmset-batt.txt").read_text())
     assert b == {"power_source": "Battery Power", "battery_level": 0.87, "status": "discharging",
                  "remaining": "5:12 remaining", "plugged": False}
-    assert parsers.pmset_batt((S / "pmset-batt-ac.txt").read_text())["plugged"] is True
-    assert parsers.pmset_therm((S / "pmset-therm.txt").read_text())["thermal_warning_level"] == 0
-    lim = parsers.pmset_therm((S / "pmset-therm-limited.txt").read_text())
+    assert mac.pmset_batt((S / "pmset-batt-ac.txt").read_text())["plugged"] is True
+    assert mac.pmset_therm((S / "pmset-therm.txt").read_text())["thermal_warning_level"] == 0
+    lim = mac.pmset_therm((S / "pmset-therm-limited.txt").read_text())
     assert lim["cpu_speed_limit"] == pytest.approx(0.72) and lim["cpu_available"] == 10
 
 
@@ -69,10 +70,9 @@ def test_snapshots_and_charging_hygiene_always_reset(tmp_path, monkeypatch):
     t = LocalTransport("phone-standin", root=str(tmp_path / "wd"))
     tools = snapshots.available(t)
     assert "dumpsys" in tools
-    with pytest.raises(RuntimeError):
-        with snapshots.ChargingHygiene(t, tools):
-            snapshots.take(t, tools, "start", tmp_path / "art")
-            raise RuntimeError("cell failed")
+    with pytest.raises(RuntimeError), android.ChargingHygiene(t, tools):
+        snapshots.take(t, tools, "start", tmp_path / "art")
+        raise RuntimeError("cell failed")
     calls = [l.split(" ", 1)[1] for l in log.read_text().splitlines()]
     assert calls[0] == "battery unplug" and calls[-1] == "battery reset"
     rows, parsed = snapshots.from_artifacts(tmp_path / "art", "start")     # what a cell's rows are made from
@@ -95,14 +95,13 @@ def test_a_reset_that_cannot_reach_the_phone_stays_pending(tmp_path, monkeypatch
     t = LocalTransport("phone-standin", root=str(tmp_path / "wd"))
     state = []
     flag.touch()
-    with pytest.raises(RuntimeError, match="link lost"):
-        with snapshots.ChargingHygiene(t, {"dumpsys"}, pending=state.append):
-            raise RuntimeError("link lost")
+    with pytest.raises(RuntimeError, match="link lost"), android.ChargingHygiene(t, {"dumpsys"}, pending=state.append):
+        raise RuntimeError("link lost")
     assert state == [True]
-    assert not snapshots.restore_if_pending(t, {"dumpsys"}, pending=False)
+    assert not android.restore_if_pending(t, {"dumpsys"}, pending=False)
     flag.unlink()
-    assert snapshots.restore_if_pending(t, {"dumpsys"}, pending=True)
-    with snapshots.ChargingHygiene(t, {"dumpsys"}, pending=state.append):
+    assert android.restore_if_pending(t, {"dumpsys"}, pending=True)
+    with android.ChargingHygiene(t, {"dumpsys"}, pending=state.append):
         pass
     assert state == [True, True, False]
     assert log.read_text().splitlines() == ["battery unplug", "battery reset", "battery reset",
@@ -110,7 +109,7 @@ def test_a_reset_that_cannot_reach_the_phone_stays_pending(tmp_path, monkeypatch
 
 
 def test_dumpsys_power_screen_state():
-    assert parsers.dumpsys_power("  mWakefulness=Awake\n")["screen_on"] == 1.0
-    assert parsers.dumpsys_power("  mWakefulness=Asleep\n")["screen_on"] == 0.0
-    assert parsers.dumpsys_power("Display Power: state=OFF\n")["screen_on"] == 0.0
-    assert parsers.dumpsys_power("nothing here")["screen_on"] is None
+    assert android.power("  mWakefulness=Awake\n")["screen_on"] == 1.0
+    assert android.power("  mWakefulness=Asleep\n")["screen_on"] == 0.0
+    assert android.power("Display Power: state=OFF\n")["screen_on"] == 0.0
+    assert android.power("nothing here")["screen_on"] is None

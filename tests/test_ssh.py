@@ -18,6 +18,7 @@ from sshd_peer import SSHD, Netns, Sshd
 
 from devicelab import push
 from devicelab.errors import DevicelabError, RetryableError
+from devicelab.ledger import ledger_path
 from devicelab.transports import ssh as ssh_mod
 from devicelab.transports.ssh import SSHTransport
 
@@ -229,7 +230,7 @@ def test_quickstart_loop_over_ssh_with_a_hostile_device_name(sshd, tmp_path, hos
     assert f"{name}: ship smollm2-135m" in p.stdout
     assert not list(tmp_path.glob("PWNED*")) and not list(Path.home().glob("PWNED*"))
     from devicelab.ledger import Ledger
-    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     assert set(rows.device) == {name}
     assert rows.device_facts.str.contains("SSHTransport").all()
     assert (rows[rows.metric == "decode_tps"].value > 0).all()
@@ -283,7 +284,7 @@ def test_aarch64_board_in_its_own_network_namespace(netns_sshd, tmp_path, host_b
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"from {ns.host_ip} port" in (sshd.d / "sshd.log").read_text()    # over the veth, not loopback
     from devicelab.ledger import Ledger
-    led = Ledger(tmp_path / "lab" / "ledger.sqlite")
+    led = Ledger(ledger_path(tmp_path / "lab"))
     assert {c["payload"]: c["status"] for c in led.cells()} == {"bench": "done", "batched": "done", "eval": "done"}
     rows = led.rows_frame()
     assert rows.device_facts.str.contains("SSHTransport").all()
@@ -315,7 +316,7 @@ def test_sshd_killed_mid_push_and_mid_cell_then_run_again_finishes(sshd, tmp_pat
     recipe = tmp_path / "r.yaml"
     recipe.write_text(FAULT_RECIPE)
     devicelab("model", "ladder", "--quants", "q8_0,q4_0,q2_k", check=True)
-    db = tmp_path / "lab" / "ledger.sqlite"
+    db = ledger_path(tmp_path / "lab")
     argv = [sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab", str(lab),
             "--lab-dir", str(tmp_path / "lab")]
     # 1. the board dies while the first model is on its way

@@ -6,6 +6,8 @@ import glob
 import pytest
 from conftest import REPO, devicelab
 
+from devicelab.ledger import ledger_path
+
 pytestmark = pytest.mark.e2e
 RECIPE = REPO / "recipes" / "paper-x86-small.yaml"
 
@@ -20,7 +22,7 @@ def lab(tmp_path_factory, host_build, smol_path):
 
 def rows(d):
     from devicelab.ledger import Ledger
-    return Ledger(d / "ledger.sqlite").rows_frame()
+    return Ledger(ledger_path(d)).rows_frame()
 
 
 def test_sweep_axes_land_in_the_schema(lab):
@@ -29,7 +31,7 @@ def test_sweep_axes_land_in_the_schema(lab):
     assert set(dec.threads) == {1, 2}
     assert set(dec.contention.dropna()) >= {1}
     from devicelab.ledger import Ledger
-    cells = Ledger(lab / "ledger.sqlite").cells()
+    cells = Ledger(ledger_path(lab)).cells()
     quota_cells = [c for c in cells if '"quota": 0.5' in c["params"]]
     assert len(quota_cells) == 3
     if quota_cells[0]["status"] == "skipped":
@@ -109,7 +111,7 @@ def test_named_mask_on_a_machine_without_clusters_is_skipped_with_the_reason(tmp
     p = devicelab("run", r, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
-    led = Ledger(tmp_path / "lab" / "ledger.sqlite")
+    led = Ledger(ledger_path(tmp_path / "lab"))
     skipped = [c for c in led.cells() if c["status"] == "skipped"]
     assert len(skipped) == 1 and "no big.LITTLE clusters to pick 'big'" in skipped[0]["error"]
     rows = led.rows_frame()

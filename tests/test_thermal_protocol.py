@@ -10,6 +10,8 @@ import time
 import pytest
 from conftest import fixture_board_run
 
+from devicelab.ledger import ledger_path
+
 pytestmark = pytest.mark.e2e
 
 
@@ -61,14 +63,14 @@ def test_baseline_kept_wait_until_cool_and_a_bounded_wait(tmp_path, host_build, 
     for p in (a, b, c):
         assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
-    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     wait = rows[rows.metric == "cooldown_wait"].sort_values("row_id")
     base = rows[rows.metric == "temp_baseline"].sort_values("row_id")
     assert len(wait) == 3, "each run ran only its new cell"
     # every cell measured against the idle baseline of the first contact, not the warm device's
     assert list(base.value) == [40.0, 40.0, 40.0]
     assert "board: idle baseline 40.0 °C" in b.stderr + b.stdout and "(now 4" in b.stderr + b.stdout
-    (wa, ta), (wb, tb), (wc, tc) = zip(wait.value, wait.test)
+    (wa, ta), (wb, tb), (wc, tc) = zip(wait.value, wait.test, strict=True)
     assert wa < 1 and ta.startswith("reached 40.0 °C (baseline 40.0 °C + 3)")
     # run b waited until the zone fell to 43 °C: ~12 s after its first contact at ~50 °C
     assert 4 < wb < 60 and tb.startswith("reached 4") and float(tb.split()[1]) <= 43.0

@@ -9,9 +9,12 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import devicelab
+
+from devicelab.ledger import ledger_path
 
 
 def _lavapipe() -> bool:
@@ -23,7 +26,7 @@ def _lavapipe() -> bool:
 
 HEADERS = os.environ.get("DEVICELAB_VULKAN_INCLUDE_DIR", "/usr/include")
 NEW_ENOUGH = os.path.exists(os.path.join(HEADERS, "vulkan", "vulkan.hpp")) and \
-    "LayerSettingEXT" in open(os.path.join(HEADERS, "vulkan", "vulkan_structs.hpp"), errors="replace").read() \
+    "LayerSettingEXT" in Path(HEADERS, "vulkan", "vulkan_structs.hpp").read_text(errors="replace") \
     if os.path.exists(os.path.join(HEADERS, "vulkan", "vulkan_structs.hpp")) else False
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
@@ -50,7 +53,7 @@ def test_cpu_and_vulkan_on_lavapipe(tmp_path, host_build, smol_path):
     p = devicelab("run", recipe, "--lab-dir", tmp_path / "lab", env={"GGML_VK_VISIBLE_DEVICES": "0"}, timeout=3600)
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
-    rows = Ledger(tmp_path / "lab" / "ledger.sqlite").rows_frame()
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     dec = rows[rows.metric == "decode_tps"]
     assert set(dec.backend) == {"cpu", "vulkan"} and (dec.value > 0).all()
     vk, cpu = dec[dec.backend == "vulkan"], dec[dec.backend == "cpu"]
@@ -90,5 +93,5 @@ def test_a_hidden_device_skips_the_backend_with_the_reason(tmp_path, host_build,
                        capture_output=True, text=True, env=env, timeout=1800)
     assert p.returncode == 0, p.stdout + p.stderr
     import sqlite3
-    got = sqlite3.connect(tmp_path / "lab" / "ledger.sqlite").execute("SELECT status, error FROM cells").fetchall()
+    got = sqlite3.connect(ledger_path(tmp_path / "lab")).execute("SELECT status, error FROM cells").fetchall()
     assert len(got) == 2 and all(st == "skipped" and "sees no vulkan device" in err for st, err in got), got

@@ -87,119 +87,104 @@ def _spearman(x, y) -> float:
     return float(pd.Series(x).rank().corr(pd.Series(y).rank()))
 
 
+# Each seed claim, checked on one device's and model's rows: (claim, held: True/False/None = not enough data,
+# evidence), or None where the rows cannot speak to it.
+
+def _decode_vs_bpw(g: pd.DataFrame):
+    dec = g[(g.metric == "decode_tps") & g.value.notna()]
+    if dec.empty:
+        return None
+    t = int(dec.threads.max())
+    d = dec[dec.threads == t].groupby("quant").agg(bpw=("bpw", "first"), tps=("value", "max")).sort_values("bpw")
+    rho = _spearman(d.bpw, d.tps)
+    mono = bool((np.diff(d.tps.values) <= 0).all()) if len(d) > 1 else None
+    return ("decode t/s falls as bits per weight rise", None if len(d) < 3 else bool(rho < -0.5),
+            f"Spearman ρ(bpw, decode t/s) = {rho:.2f} over {len(d)} quants at {t} threads"
+            + ("" if mono is None else f"; strictly monotone: {mono}"))
+
+
+def _core_scaling(g: pd.DataFrame):
+    sp = {}
+    for metric in ("prefill_tps", "decode_tps"):
+        m = g[(g.metric == metric) & g.value.notna()]
+        if m.threads.nunique() >= 2:
+            lo, hi = int(m.threads.min()), int(m.threads.max())
+            a = m[m.threads == lo].groupby("quant").value.max()
+            b = m[m.threads == hi].groupby("quant").value.max()
+            sp[metric] = (float((b / a).median()), lo, hi)
+    if len(sp) != 2:
+        return None
+    (ps, lo, hi), (ds, _, _) = sp["prefill_tps"], sp["decode_tps"]
+    return ("adding cores speeds prefill almost linearly, decode only marginally",
+            bool(ps >= 0.7 * hi / lo and ds < ps),
+            f"{lo}→{hi} threads: prefill ×{ps:.2f}, decode ×{ds:.2f} (median over quants)")
+
+
+def _quality_knee(g: pd.DataFrame):
+    k = g[(g.metric == "kld_mean") & g.value.notna()].groupby("quant").agg(bpw=("bpw", "first"), kld=("value", "min"))
+    k = k[k.kld > 0].sort_values("bpw", ascending=False)
+    if len(k) < 3:
+        return None
+    ratios = k.kld.values[1:] / k.kld.values[:-1]
+    i = int(np.argmax(ratios))
+    knee = float(k.bpw.values[i + 1])
+    return ("quality collapses below ~3.5 bits per weight", bool(knee < 4.0),
+            f"largest KLD jump ×{ratios[i]:.1f} going {k.index[i]} ({k.bpw.values[i]:.2f} bpw) → "
+            f"{k.index[i + 1]} ({knee:.2f} bpw): the knee is at {knee:.2f} bpw")
+
+
+def _memory_vs_bpw(g: pd.DataFrame):
+    timed = g[g.phase.isin(TOKEN_PHASES)].cell_id.unique()
+    rss = (
+        g[(g.metric == "peak_rss") & g.cell_id.isin(timed) & g.value.notna()]
+        .groupby("quant")
+        .agg(b=("model_bytes", "first"), rss=("value", "max"))
+    )
+    if len(rss) < 3:
+        return None
+    r = float(np.corrcoef(rss.b.astype(float), rss.rss.astype(float))[0, 1])
+    slope = float(np.polyfit(rss.b.astype(float), rss.rss.astype(float), 1)[0])
+    return ("memory grows linearly with bits per weight", bool(r > 0.95),
+            f"peak RSS vs file size: r = {r:.3f}, slope {slope:.2f}")
+
+
+def _quota(g: pd.DataFrame, free: pd.DataFrame) -> list[tuple]:
+    out = []
+    for quota, gq in g[g.cpu_quota.notna()].groupby("cpu_quota"):
+        f = free[free.threads.isin(gq.threads)].groupby("quant").value.max()
+        s = (gq.groupby("quant").value.max() / f).dropna()
+        if len(s):
+            out.append((f"a CPU quota of {quota:g} cores slows decode", bool(s.median() < 0.9),
+                        f"decode under quota / free = {s.median():.2f}"))
+    return out
+
+
+def _contention(g: pd.DataFrame, free: pd.DataFrame) -> list[tuple]:
+    cc = g[g.contention.fillna(0) > 0]
+    if cc.empty:
+        return []
+    f = free[free.threads.isin(cc.threads)].groupby("quant").value.max()
+    s = (cc.groupby("quant").value.max() / f).dropna()
+    if not len(s):
+        return []
+    return [("a co-running load slows decode", bool(s.median() < 0.95),
+             f"decode with load / without = {s.median():.2f}")]
+
+
+# on the rows measured without a CPU quota or a co-running load
+PLAIN_CLAIMS = (_decode_vs_bpw, _core_scaling, _quality_knee, _memory_vs_bpw)
+
+
 def findings(rows: pd.DataFrame) -> list[dict]:
     """Each seed claim: claim, held (True/False/None = not enough data), evidence."""
-    out = []
+    found = []
     plain = rows[(rows.contention.fillna(0) == 0) & rows.cpu_quota.isna()]
     for (dev, model), g in plain.groupby(["device", "model"]):
-        dec = g[(g.metric == "decode_tps") & g.value.notna()]
-        if not dec.empty:
-            t = int(dec.threads.max())
-            d = (
-                dec[dec.threads == t]
-                .groupby("quant")
-                .agg(bpw=("bpw", "first"), tps=("value", "max"))
-                .sort_values("bpw")
-            )
-            rho = _spearman(d.bpw, d.tps)
-            mono = bool((np.diff(d.tps.values) <= 0).all()) if len(d) > 1 else None
-            out.append(
-                {
-                    "device": dev,
-                    "model": model,
-                    "claim": "decode t/s falls as bits per weight rise",
-                    "held": None if len(d) < 3 else bool(rho < -0.5),
-                    "evidence": f"Spearman ρ(bpw, decode t/s) = {rho:.2f} over {len(d)} quants at {t} threads"
-                    + ("" if mono is None else f"; strictly monotone: {mono}"),
-                }
-            )
-        sp = {}
-        for metric in ("prefill_tps", "decode_tps"):
-            m = g[(g.metric == metric) & g.value.notna()]
-            if m.threads.nunique() >= 2:
-                lo, hi = int(m.threads.min()), int(m.threads.max())
-                a = m[m.threads == lo].groupby("quant").value.max()
-                b = m[m.threads == hi].groupby("quant").value.max()
-                sp[metric] = (float((b / a).median()), lo, hi)
-        if len(sp) == 2:
-            (ps, lo, hi), (ds, _, _) = sp["prefill_tps"], sp["decode_tps"]
-            out.append(
-                {
-                    "device": dev,
-                    "model": model,
-                    "claim": "adding cores speeds prefill almost linearly, decode only marginally",
-                    "held": bool(ps >= 0.7 * hi / lo and ds < ps),
-                    "evidence": f"{lo}→{hi} threads: prefill ×{ps:.2f}, decode ×{ds:.2f} (median over quants)",
-                }
-            )
-        k = (
-            g[(g.metric == "kld_mean") & g.value.notna()]
-            .groupby("quant")
-            .agg(bpw=("bpw", "first"), kld=("value", "min"))
-        )
-        k = k[k.kld > 0].sort_values("bpw", ascending=False)
-        if len(k) >= 3:
-            ratios = k.kld.values[1:] / k.kld.values[:-1]
-            i = int(np.argmax(ratios))
-            knee = float(k.bpw.values[i + 1])
-            out.append(
-                {
-                    "device": dev,
-                    "model": model,
-                    "claim": "quality collapses below ~3.5 bits per weight",
-                    "held": bool(knee < 4.0),
-                    "evidence": f"largest KLD jump ×{ratios[i]:.1f} going {k.index[i]} ({k.bpw.values[i]:.2f} bpw) → "
-                    f"{k.index[i + 1]} ({knee:.2f} bpw): the knee is at {knee:.2f} bpw",
-                }
-            )
-        timed = g[g.phase.isin(TOKEN_PHASES)].cell_id.unique()
-        rss = (
-            g[(g.metric == "peak_rss") & g.cell_id.isin(timed) & g.value.notna()]
-            .groupby("quant")
-            .agg(b=("model_bytes", "first"), rss=("value", "max"))
-        )
-        if len(rss) >= 3:
-            r = float(np.corrcoef(rss.b.astype(float), rss.rss.astype(float))[0, 1])
-            slope = float(np.polyfit(rss.b.astype(float), rss.rss.astype(float), 1)[0])
-            out.append(
-                {
-                    "device": dev,
-                    "model": model,
-                    "claim": "memory grows linearly with bits per weight",
-                    "held": bool(r > 0.95),
-                    "evidence": f"peak RSS vs file size: r = {r:.3f}, slope {slope:.2f}",
-                }
-            )
+        found += [(dev, model, f) for f in (claim(g) for claim in PLAIN_CLAIMS) if f is not None]
     q = rows[(rows.metric == "decode_tps") & rows.value.notna()]
     for (dev, model), g in q.groupby(["device", "model"]):
-        qq = g[g.cpu_quota.notna()]
         free = g[g.cpu_quota.isna() & (g.contention.fillna(0) == 0)]
-        if not qq.empty and not free.empty:
-            for quota, gq in qq.groupby("cpu_quota"):
-                f = free[free.threads.isin(gq.threads)].groupby("quant").value.max()
-                s = (gq.groupby("quant").value.max() / f).dropna()
-                if len(s):
-                    out.append(
-                        {
-                            "device": dev,
-                            "model": model,
-                            "claim": f"a CPU quota of {quota:g} cores slows decode",
-                            "held": bool(s.median() < 0.9),
-                            "evidence": f"decode under quota / free = {s.median():.2f}",
-                        }
-                    )
-        cc = g[g.contention.fillna(0) > 0]
-        if not cc.empty and not free.empty:
-            f = free[free.threads.isin(cc.threads)].groupby("quant").value.max()
-            s = (cc.groupby("quant").value.max() / f).dropna()
-            if len(s):
-                out.append(
-                    {
-                        "device": dev,
-                        "model": model,
-                        "claim": "a co-running load slows decode",
-                        "held": bool(s.median() < 0.95),
-                        "evidence": f"decode with load / without = {s.median():.2f}",
-                    }
-                )
-    return out
+        if not free.empty:
+            found += [(dev, model, f) for f in (*_quota(g, free), *_contention(g, free))]
+    return [{"device": dev, "model": model, "claim": claim, "held": held, "evidence": evidence}
+            for dev, model, (claim, held, evidence) in found]

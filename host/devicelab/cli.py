@@ -14,6 +14,7 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from rich.table import Table
 
 from .errors import DevicelabError
+from .runner.lane import Events
 
 
 def _console(**kw) -> Console:
@@ -157,7 +158,7 @@ def _progress():
     )
 
 
-class _RichEvents:
+class _RichEvents(Events):
     """One live line per device (its lane's current step), an overall cells bar, and a compile bar."""
 
     def __init__(self, prog: Progress):
@@ -218,12 +219,19 @@ class _RichEvents:
 def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster):
     """Run a recipe on every device at once; finished cells are skipped, an interrupted run resumes."""
     from .runner.orchestrator import Orchestrator
+    from .runner.placement import LocalPlacement
 
-    ex = Orchestrator(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs, cluster=cluster)
+    ex = Orchestrator(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs)
+    address = cluster or ex.lab.cluster           # a Ray head's HOST:PORT: lanes on their devices' hosts
+    if address:
+        from .cluster.placement import ClusterPlacement
+        placement = ClusterPlacement(address)
+    else:
+        placement = LocalPlacement()
     with _progress() as prog:
         ex.ev = _RichEvents(prog)
         try:
-            rep = ex.run()
+            rep = ex.run(placement)
         except KeyboardInterrupt:
             prog.stop()
             err.print(
@@ -293,10 +301,10 @@ def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args):
 @click.option("--recipe", default=None, help="recipe name filter")
 def reparse(lab_dir, recipe):
     """Rebuild every done cell's rows from its stored artifacts with today's parsers."""
-    from .ledger import Ledger
+    from .ledger import Ledger, ledger_path
     from .runner.artifacts import reparse as rp
 
-    n, rows, problems = rp(Ledger(_lab_dir(lab_dir) / "ledger.sqlite"), recipe)
+    n, rows, problems = rp(Ledger(ledger_path(_lab_dir(lab_dir))), recipe)
     for p in problems:
         err.print(f"[yellow]not re-derived[/]: {escape(p)}")
     console.print(f"re-derived {rows} rows of {n} cells from their artifacts")
@@ -307,9 +315,9 @@ def reparse(lab_dir, recipe):
 @click.option("--recipe", default=None, help="recipe name filter")
 def cells(lab_dir, recipe):
     """List cells and their status."""
-    from .ledger import Ledger
+    from .ledger import Ledger, ledger_path
 
-    led = Ledger(_lab_dir(lab_dir) / "ledger.sqlite")
+    led = Ledger(ledger_path(_lab_dir(lab_dir)))
     t = Table("cell", "recipe", "device", "model", "quant", "payload", "params", "status", "tries", "error")
     for c in led.cells(recipe):
         t.add_row(
@@ -332,9 +340,9 @@ def _load_rows(lab_dir, recipe, from_file):
     if from_file:
         from .tables import load
         return load(Path(from_file), recipe)
-    from .ledger import Ledger
+    from .ledger import Ledger, ledger_path
 
-    return Ledger(_lab_dir(lab_dir) / "ledger.sqlite").rows_frame(recipe=recipe)
+    return Ledger(ledger_path(_lab_dir(lab_dir))).rows_frame(recipe=recipe)
 
 
 @main.command()
@@ -605,64 +613,44 @@ def _print_wide(rows):
 
 
 def _print_recs(rows, spec, as_json=False):
-    from .recommend import pick_lines
-    from .recommend import recommend as rec
+    from .tables import recommendation_views
 
-    recs = rec(rows, spec)
+    recs, views = recommendation_views(rows, spec)
     if as_json:
         click.echo(json.dumps([r.to_json() for r in recs], indent=1, default=str))
         return
-    for r in recs:
-        head = (
-            f"[bold green]{r.device}: ship {escape(r.pick.label)}[/] "
-            f"({r.pick.bpw:.2f} bits/w, {r.pick.model_bytes / 1024**2:.0f} MiB, "
-            f"decode {_fmt(r.pick.decode_tps, '{:.1f}')} tok/s, KLD {_fmt(r.pick.kld_mean, '{:.4f}')})"
-            if r.pick
-            else f"[bold red]{r.device}: no quant meets the constraints[/]"
-        )
-        console.print(head)
-        drop = f", ≤ {spec.max_accuracy_drop:g} points below the base per task" if spec.max_accuracy_drop else ""
-        console.print(
-            f"[dim]constraints: context {spec.context}, mean KLD ≤ {spec.max_kld_mean}, PPL ratio ≤ "
-            f"{spec.max_ppl_ratio}, decode ≥ {spec.min_decode_tps} tok/s, RAM within the device's budget, "
-            f"energy ≤ {spec.max_energy_per_token or '—'} J/tok{drop}; prefer {spec.prefer}[/]"
-        )
-        for line in pick_lines(r):
-            console.print(f"  {line}", markup=False)
-        for c in r.candidates:
-            mark = "→" if c is r.pick else ("✓" if c.passes else "✗")
-            front = "◆" if c.on_frontier else " "
-            acc = f" acc {c.accuracy:.1%}" if c.accuracy is not None else ""
-            be = f" {c.backend}" if c.multi_backend else ""
-            console.print(f"  {mark}{front} {c.model} {c.quant:7s}{be} {c.bpw:5.2f} b/w{acc}  {c.verdict}",
-                          markup=False)
-        console.print(
-            f"  ◆ = Pareto frontier of quality ({r.quality_axis}) × size × decode speed × energy", markup=False
-        )
-        for m, k in r.knees.items():
-            console.print(
-                f"  bits-per-weight knee for {m}: {k['bpw']:.2f} bpw (mean KLD ×{k['jump']:.1f} from "
-                f"{k['from']} to {k['to']})",
-                markup=False,
-            )
-        _print_min_ram(r)
+    for v in views:
+        _print_rec(v)
     if not recs:
         console.print("no results to recommend from")
 
 
-def _print_min_ram(r) -> None:
-    if not r.min_ram:
+def _print_rec(v) -> None:
+    from .tables import NO_PICK
+
+    p = v.pick
+    console.print(f"[bold green]{v.device}: ship {escape(p.label)}[/] ({p.bpw} bits/w, {p.mib} MiB, decode {p.decode} "
+                  f"tok/s, KLD {p.kld})" if p else f"[bold red]{v.device}: {NO_PICK}[/]")
+    console.print(f"[dim]{v.constraints}[/]")
+    for line in (*v.reasons, *v.listing,
+                 f"◆ = Pareto frontier of quality ({v.quality_axis}) × size × decode speed × energy",
+                 *(f"bits-per-weight knee for {k.model}: {k.bpw} bpw (mean KLD ×{k.jump} from {k.from_quant} to "
+                   f"{k.to_quant})" for k in v.knees)):
+        console.print(f"  {line}", markup=False)
+    _print_min_ram(v)
+
+
+def _print_min_ram(v) -> None:
+    if not v.min_ram:
         return
-    t = Table(title=f"{r.device}: the smallest RAM each file fits (weights + KV + runtime at the recipe's context)",
+    t = Table(title=f"{v.device}: the smallest RAM each file fits (weights + KV + runtime at the recipe's context)",
               box=None)
     for col in ("model", "quant", "needs MiB", "phone", "laptop"):
         t.add_column(col)
-    for m in r.min_ram:
-        t.add_row(m["model"], m["quant"], f"{m['need_bytes'] / 1024**2:.0f}" + ("" if m["overhead_measured"] else "*"),
-                  f"{m['phone_gb']} GB" if m["phone_gb"] else "> 16 GB",
-                  f"{m['laptop_gb']} GB" if m["laptop_gb"] else "> 64 GB")
+    for m in v.min_ram:
+        t.add_row(m.model, m.quant, m.need_mib + ("" if m.measured else "*"), m.phone, m.laptop)
     console.print(t)
-    if not all(m["overhead_measured"] for m in r.min_ram):
+    if not all(m.measured for m in v.min_ram):
         console.print("  * runtime overhead not measured for this file: the default assumed", markup=False)
 
 

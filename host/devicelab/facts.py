@@ -55,7 +55,7 @@ def clusters(f: dict) -> list[tuple[int, list[int]]]:
 def named_cpus(name: str, f: dict) -> list[int] | None:
     """The CPUs a big.LITTLE-aware name selects: prime (the fastest cluster), big (every cluster but the
     slowest), little (the slowest), all. None when the device has no such split (uniform cores, or no
-    cpufreq to tell them apart)."""
+    CPU clock limits to tell them apart)."""
     cl = clusters(f)
     if name == "all":
         if cl:

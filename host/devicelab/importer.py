@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import DevicelabError
 from .kinds import bench as benchp
-from .ledger import Ledger
+from .ledger import Ledger, ledger_path
 from .plan import Cell
 from .validation import read_text
 
@@ -57,13 +57,13 @@ def import_files(files, device: str, recipe: str, lab_dir: Path) -> int:
             r0 = rs[0]
             model = Path(mfile).stem
             quant = (str(r0.get("model_type", "")).split() or ["?"])[-1].lower()
-            cell = Cell(recipe, device, model, quant, "bench", {"imported_from": str(f)}, digest)
+            cell = Cell(recipe, device, model, quant, benchp.Bench.name, {"imported_from": str(f)}, digest)
             try:
                 rows = benchp.rows([benchp.BenchTest(r, None) for r in rs])
             except DevicelabError as e:
                 raise DevicelabError(f"{f}: {e}") from None
             ctx = {"cell_id": digest, "recipe": recipe, "device": device, "model": model, "quant": quant,
-                   "payload": "bench", "run_id": "import", "model_bytes": r0.get("model_size"),
+                   "payload": benchp.Bench.name, "run_id": "import", "model_bytes": r0.get("model_size"),
                    "n_params": r0.get("model_n_params"),
                    "bpw": (r0["model_size"] * 8 / r0["model_n_params"]) if r0.get("model_n_params") else None,
                    "build_commit": r0.get("build_commit"), "device_facts": {"cpu_info": r0.get("cpu_info"),
@@ -72,7 +72,7 @@ def import_files(files, device: str, recipe: str, lab_dir: Path) -> int:
             for row in rows:
                 row.context = ctx
             todo.append((cell, rows))
-    led = Ledger(Path(lab_dir) / "ledger.sqlite")
+    led = Ledger(ledger_path(lab_dir))
     for cell, rows in todo:
         led.register([cell])
         led.finish_cell(cell.cell_id, rows)

@@ -23,11 +23,13 @@ def this_host() -> str:
 
 # one settings model per transport (transports/settings.py), picked by `transport:` (default local)
 Device = Annotated[Union[LocalSettings, SSHSettings, ADBSettings], Field(discriminator="transport")]
+# a device entry without `transport:` is this workstation (its name is the local transport's own default)
+DEFAULT_TRANSPORT = LocalSettings.model_fields["transport"].default
 
 
 def device_from(entry: dict) -> DeviceBase:
     """One lab-file device entry, validated by its transport's settings model."""
-    return TypeAdapter(Device).validate_python({"transport": "local", **entry})
+    return TypeAdapter(Device).validate_python({"transport": DEFAULT_TRANSPORT, **entry})
 
 
 class Lab(BaseModel):
@@ -39,7 +41,7 @@ class Lab(BaseModel):
     @classmethod
     def _local_by_default(cls, v):
         if isinstance(v, list):
-            return [{"transport": "local", **d} if isinstance(d, dict) else d for d in v]
+            return [{"transport": DEFAULT_TRANSPORT, **d} if isinstance(d, dict) else d for d in v]
         return v
 
     def device(self, name: str) -> DeviceBase:

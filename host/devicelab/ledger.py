@@ -40,6 +40,14 @@ DONE, PENDING, RUNNING, FAILED, RETRYABLE = "done", "pending", "running", "faile
 SKIPPED = "skipped"  # the device cannot do this cell (e.g. no cgroup to set a CPU quota): terminal, with a reason
 
 
+LEDGER_FILE = "ledger.sqlite"      # in a lab folder (--lab-dir), beside artifacts/
+
+
+def ledger_path(lab_dir) -> Path:
+    """The ledger of a lab folder."""
+    return Path(lab_dir) / LEDGER_FILE
+
+
 def _locked(fn):
     """Every lane writes through the one ledger: one connection, one lock, whole transactions under it."""
 

@@ -9,11 +9,12 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from . import kinds
+from .build.backends import Backend
 from .build.source import DEFAULT_SOURCE
-from .kinds.eval import resolve_include  # noqa: F401  (re-exported)
 from .kinds.kld import DEFAULT_TEXT  # noqa: F401  (re-exported)
 from .models.ladder import DEFAULT_LADDER, check_quant
 from .models.store import DEFAULT_MODEL
+from .recipe_paths import resolve_include  # noqa: F401  (re-exported)
 from .validation import load_yaml, one_line
 
 
@@ -90,7 +91,7 @@ class Recipe(_Strict):
     telemetry: TelemetrySpec = TelemetrySpec()
     # GPU backends as a measured axis: each device's cells once per backend (a backend a device cannot have is
     # a skipped cell with the reason); unset, each device's default build (cpu; metal on a Mac)
-    backends: list[Literal["cpu", "vulkan", "opencl", "metal", "cuda"]] | None = Field(default=None, min_length=1)
+    backends: list[Backend] | None = Field(default=None, min_length=1)
 
     @field_validator("quants")
     @classmethod

@@ -1,12 +1,18 @@
 """Recommendation per device: the quant that fits RAM (weights + KV cache at the recipe's context +
 measured runtime overhead), meets the quality bar, the speed target and the energy budget — with the
-reason every other candidate lost. Works from the ledger or from an exported table alone."""
+reason every other candidate lost. Works from the ledger or from an exported table alone.
+
+A candidate is first measured (`measure`: its figures from its rows), then judged (`judge`: CHECKS, one small
+function per constraint, each returning the reasons it lost). What the CLI and the report show of the result is
+made once, in tables.recommendation_views."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 
 import pandas as pd
 
@@ -19,8 +25,11 @@ DEFAULT_OVERHEAD = 64 * 1024**2   # used only when no peak RSS was measured for 
 FLOAT_QUANTS = ("f32", "bf16", "f16")   # a model's unquantized files: the base of the relative quality bar
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Candidate:
+    """One (device, model, quant, backend): what was measured of it (`measure`), then the reasons it lost
+    (`judge`: empty, it passes)."""
+
     device: str
     model: str
     quant: str
@@ -61,7 +70,7 @@ class Candidate:
         return f"{self.model} {self.quant}" + (f" ({self.backend})" if self.multi_backend else "")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DeviceRecommendation:
     device: str
     pick: Candidate | None
@@ -166,136 +175,179 @@ def _energy(g: pd.DataFrame, threads, spec: RecommendSpec, first) -> dict:
     return out
 
 
-def _judge_tasks(c: Candidate, spec: RecommendSpec, tasks) -> None:
-    """The absolute and the relative (against the model's unquantized base) accuracy bars, task by task."""
-    if spec.min_accuracy is not None:      # on the mean over the tasks (one task's, for a per-task pick)
-        if c.accuracy is None:
-            c.failures.append("no task accuracy measured")
-        elif c.accuracy < spec.min_accuracy:
-            c.failures.append(f"accuracy {c.accuracy:.1%} < {spec.min_accuracy:.1%}")
-    for task in tasks:
-        acc = c.task_accuracy.get(task)
-        if spec.max_accuracy_drop is None or c.quant in FLOAT_QUANTS:
+# ---------------------------------------------------------------- measuring: a candidate's figures from its rows
+
+Key = tuple[str, str, str, str]                  # device, model, quant, backend
+
+
+def _mib(b) -> str:
+    return f"{b / 1024**2:.0f} MiB"
+
+
+def _overhead(g: pd.DataFrame, mbytes: int, kvpt: float | None) -> int | None:
+    """Runtime overhead from the cells that ran prompts/generations (their token counts give the context): peak
+    RSS − weights − KV at that context; the largest over the cells, None where no peak RSS was measured."""
+    overheads = []
+    timed = g[g["phase"].isin(TOKEN_PHASES)]["cell_id"].unique()
+    for _, cg in g[g["cell_id"].isin(timed)].groupby("cell_id"):
+        rss = cg[(cg["metric"] == "peak_rss") & cg["value"].notna()]["value"]
+        if rss.empty:
             continue
-        base = c.base_accuracy.get(task)
+        nctx = (cg["n_prompt"].fillna(0) + cg["n_gen"].fillna(0) + cg["n_depth"].fillna(0)).max()
+        overheads.append(max(0.0, float(rss.max()) - mbytes - (kvpt or 0) * float(nctx)))
+    return int(max(overheads)) if overheads else None
+
+
+def _ram_budget(first, spec: RecommendSpec) -> tuple[int | None, str | None]:
+    """The device's memory budget as its rows recorded it, and where it came from."""
+    budget, source = _num(_col(first, "ram_budget_bytes")), _col(first, "ram_budget_source")
+    if budget is None:          # rows recorded before devices reported their own budget
+        raw = _num(first["device_mem_bytes"])
+        budget = raw * spec.ram_fraction if raw else None
+        source = f"{spec.ram_fraction:.0%} of the device's RAM (rows recorded before memory budgets)"
+    return (int(budget) if budget is not None else None), source
+
+
+def _base_accuracy(key: Key, accs: dict) -> dict:
+    """The model's unquantized base's accuracy per task, same device and backend."""
+    device, model, _, backend = key
+    return next((accs[(device, model, q, backend)] for q in FLOAT_QUANTS
+                 if (device, model, q, backend) in accs and accs[(device, model, q, backend)]), {})
+
+
+def measure(key: Key, g: pd.DataFrame, spec: RecommendSpec, accs: dict, task: str | None = None) -> Candidate:
+    """A candidate's needs and measured figures from its rows `g` (`accs`: every group's task accuracies). With
+    `task`, its accuracy is that task's alone."""
+    device, model, quant, backend = key
+    first = g.iloc[0]
+    mbytes = int(first["model_bytes"])
+    kvpt = _num(first["kv_bytes_per_token"])
+    # kv_bytes_per_token is for F16 (2 bytes per element); quantized KV scales by ggml's block sizes
+    kv = int(kvpt * spec.context * kv_scale(spec.kv_cache_type)) if kvpt else None
+    overhead = _overhead(g, mbytes, kvpt)
+    budget, bsource = _ram_budget(first, spec)
+    dec, drow = _metric(g, "decode_tps")
+    threads = int(drow["threads"]) if drow is not None and pd.notna(drow["threads"]) else None
+    tacc = accs[key]
+    if task is not None:
+        tacc = {task: tacc[task]} if task in tacc else {}
+    return Candidate(
+        device=device, model=model, quant=quant, model_bytes=mbytes, bpw=float(first["bpw"]), kv_bytes=kv,
+        overhead_bytes=overhead, overhead_measured=overhead is not None,
+        ram_need=mbytes + (kv or 0) + (overhead if overhead is not None else DEFAULT_OVERHEAD), ram_budget=budget,
+        decode_tps=dec, decode_threads=threads, prefill_tps=_metric(g, "prefill_tps")[0],
+        kld_mean=_metric(g, "kld_mean")[0], ppl_ratio=_metric(g, "ppl_ratio")[0],
+        energy_per_token=_metric(g[g["phase"] == "decode"], "energy_per_token", how="min")[0],
+        accuracy=sum(tacc.values()) / len(tacc) if tacc else None, devhost_kld=_metric(g, "devhost_kld_mean")[0],
+        ram_budget_source=bsource, backend=backend, task_accuracy=tacc, base_accuracy=_base_accuracy(key, accs),
+        verdict="" if overhead is not None else f"runtime overhead not measured: assumed {_mib(DEFAULT_OVERHEAD)}",
+        **_energy(g, threads, spec, first),
+    )
+
+
+# ---------------------------------------------------------------- judging: the constraints, one check each
+# A check takes the candidate, the recipe's constraints and the tasks it is judged on, and returns the reasons
+# it lost (none: it passes that check). CHECKS runs them in the order their reasons are listed.
+
+def fits_ram(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
+    if c.ram_budget is None:
+        return ["device RAM unknown: set ram_budget_bytes in the lab file"]
+    if c.ram_need <= c.ram_budget:
+        return []
+    runtime = c.overhead_bytes if c.overhead_bytes is not None else DEFAULT_OVERHEAD
+    return [f"needs {_mib(c.ram_need)} (weights {_mib(c.model_bytes)} + {spec.kv_cache_type} KV@{spec.context} "
+            f"{_mib(c.kv_bytes or 0)} + runtime {_mib(runtime)}) > budget {_mib(c.ram_budget)} "
+            f"({c.ram_budget_source})"]
+
+
+def kld_bar(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
+    if c.kld_mean is None:
+        return ["no KLD measured"]
+    return [f"mean KLD {c.kld_mean:.4f} > {spec.max_kld_mean}"] if c.kld_mean > spec.max_kld_mean else []
+
+
+def ppl_bar(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
+    if c.ppl_ratio is not None and c.ppl_ratio > spec.max_ppl_ratio:
+        return [f"PPL ratio {c.ppl_ratio:.4f} > {spec.max_ppl_ratio}"]
+    return []
+
+
+def speed_target(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
+    if c.decode_tps is None:
+        return ["no decode speed measured"]
+    return [f"decode {c.decode_tps:.1f} tok/s < {spec.min_decode_tps}"] if c.decode_tps < spec.min_decode_tps else []
+
+
+def same_as_host(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
+    if c.devhost_kld is not None and c.devhost_kld > spec.max_devhost_kld:
+        return [f"the device's logits differ from the host's for this very file (KLD {c.devhost_kld:.4f} > "
+                f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device"]
+    return []
+
+
+def accuracy_bar(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
+    """The absolute bar, on the mean over the tasks (one task's, for a per-task pick)."""
+    if spec.min_accuracy is None:
+        return []
+    if c.accuracy is None:
+        return ["no task accuracy measured"]
+    return [f"accuracy {c.accuracy:.1%} < {spec.min_accuracy:.1%}"] if c.accuracy < spec.min_accuracy else []
+
+
+def accuracy_drop(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
+    """The relative bar, task by task: at most max_accuracy_drop points below the model's unquantized base."""
+    if spec.max_accuracy_drop is None or c.quant in FLOAT_QUANTS:
+        return []
+    out = []
+    for task in tasks:
+        acc, base = c.task_accuracy.get(task), c.base_accuracy.get(task)
         if acc is None:
-            c.failures.append(f"not judged on {task}: no accuracy measured for this quant")
+            out.append(f"not judged on {task}: no accuracy measured for this quant")
         elif base is None:
-            c.failures.append(f"not judged on {task}: the unquantized base ({'/'.join(FLOAT_QUANTS)}) was never "
-                              "measured on this task on this device: add f16 to the recipe's quants")
+            out.append(f"not judged on {task}: the unquantized base ({'/'.join(FLOAT_QUANTS)}) was never "
+                       "measured on this task on this device: add f16 to the recipe's quants")
         elif (base - acc) * 100 > spec.max_accuracy_drop:
-            c.failures.append(f"{task}: accuracy {acc:.1%} is {(base - acc) * 100:.1f} points below the base's "
-                              f"{base:.1%} (> {spec.max_accuracy_drop:g})")
+            out.append(f"{task}: accuracy {acc:.1%} is {(base - acc) * 100:.1f} points below the base's "
+                       f"{base:.1%} (> {spec.max_accuracy_drop:g})")
+    return out
+
+
+def energy_budget(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
+    if spec.max_energy_per_token is None:
+        return []
+    if c.energy_per_token is None:
+        return ["energy per token not measurable on this device (no power source)"]
+    if c.energy_per_token > spec.max_energy_per_token:
+        return [f"decode energy {c.energy_per_token:.4g} J/tok > {spec.max_energy_per_token}"]
+    return []
+
+
+Check = Callable[[Candidate, RecommendSpec, Sequence[str]], list[str]]
+CHECKS: tuple[Check, ...] = (fits_ram, kld_bar, ppl_bar, speed_target, same_as_host, accuracy_bar, accuracy_drop,
+                             energy_budget)
+
+
+def judge(c: Candidate, spec: RecommendSpec, tasks: Sequence[str], checks: Sequence[Check] = CHECKS) -> list[str]:
+    """Every reason the candidate lost, check by check (empty: it passes)."""
+    return [reason for check in checks for reason in check(c, spec, tasks)]
 
 
 def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None) -> list[Candidate]:
-    """Every (device, model, quant) with its needs, measurements and the constraints it fails. With `task`, its
-    accuracy is that task's alone and only that task's bars apply (a per-task pick)."""
-    out = []
+    """Every (device, model, quant, backend) measured, then judged. With `task`, its accuracy is that task's
+    alone and only that task's bars apply (a per-task pick)."""
     rows = rows[rows["model_bytes"].notna()]          # device-level rows (membw) are not candidates
     if rows.empty:
-        return out
+        return []
     rows = rows.assign(_backend=rows["backend"].fillna("") if "backend" in rows.columns else "")
-    keys = ["device", "model", "quant", "_backend"]
-    accs = {k: _task_accuracy(g) for k, g in rows.groupby(keys, sort=False)}
-    for (device, model, quant, backend), g in rows.groupby(keys, sort=False):
-        first = g.iloc[0]
-        mbytes = int(first["model_bytes"])
-        kvpt = _num(first["kv_bytes_per_token"])
-        # kv_bytes_per_token is for F16 (2 bytes per element); quantized KV scales by ggml's block sizes
-        kv = int(kvpt * spec.context * kv_scale(spec.kv_cache_type)) if kvpt else None
-        # runtime overhead from the cells that ran prompts/generations (their token counts give the context):
-        # peak RSS − weights − KV at that context
-        overheads = []
-        timed = g[g["phase"].isin(TOKEN_PHASES)]["cell_id"].unique()
-        for _, cg in g[g["cell_id"].isin(timed)].groupby("cell_id"):
-            rss = cg[(cg["metric"] == "peak_rss") & cg["value"].notna()]["value"]
-            if rss.empty:
-                continue
-            nctx = (cg["n_prompt"].fillna(0) + cg["n_gen"].fillna(0) + cg["n_depth"].fillna(0)).max()
-            overheads.append(max(0.0, float(rss.max()) - mbytes - (kvpt or 0) * float(nctx)))
-        overhead = int(max(overheads)) if overheads else None
-        budget, bsource = _num(_col(first, "ram_budget_bytes")), _col(first, "ram_budget_source")
-        if budget is None:          # rows recorded before devices reported their own budget
-            raw = _num(first["device_mem_bytes"])
-            budget = raw * spec.ram_fraction if raw else None
-            bsource = f"{spec.ram_fraction:.0%} of the device's RAM (rows recorded before memory budgets)"
-        budget = int(budget) if budget is not None else None
-        dec, drow = _metric(g, "decode_tps")
-        pre, _ = _metric(g, "prefill_tps")
-        kld, _ = _metric(g, "kld_mean")
-        ppl, _ = _metric(g, "ppl_ratio")
-        ept, _ = _metric(g[g["phase"] == "decode"], "energy_per_token", how="min")
-        tacc = accs[(device, model, quant, backend)]
-        if task is not None:
-            tacc = {task: tacc[task]} if task in tacc else {}
-        acc = sum(tacc.values()) / len(tacc) if tacc else None
-        base = next((accs[(device, model, q, backend)] for q in FLOAT_QUANTS if (device, model, q, backend) in accs
-                     and accs[(device, model, q, backend)]), {})
-        dh, _ = _metric(g, "devhost_kld_mean")
-        c = Candidate(
-            device,
-            model,
-            quant,
-            mbytes,
-            float(first["bpw"]),
-            kv,
-            overhead,
-            overhead is not None,
-            None,
-            budget,
-            dec,
-            int(drow["threads"]) if drow is not None and pd.notna(drow["threads"]) else None,
-            pre,
-            kld,
-            ppl,
-            ept,
-            acc,
-            dh,
-            ram_budget_source=bsource,
-            backend=backend,
-            task_accuracy=tacc,
-            base_accuracy=base,
-        )
-        threads = c.decode_threads
-        for k, v in _energy(g, threads, spec, first).items():
-            setattr(c, k, v)
-        ov = overhead if overhead is not None else DEFAULT_OVERHEAD
-        c.ram_need = mbytes + (kv or 0) + ov
-        mb = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
-        if budget is None:
-            c.failures.append("device RAM unknown: set ram_budget_bytes in the lab file")
-        elif c.ram_need > budget:
-            c.failures.append(
-                f"needs {mb(c.ram_need)} (weights {mb(mbytes)} + {spec.kv_cache_type} KV@{spec.context} "
-                f"{mb(kv or 0)} + "
-                f"runtime {mb(ov)}) > budget {mb(budget)} ({bsource})"
-            )
-        if kld is None:
-            c.failures.append("no KLD measured")
-        elif kld > spec.max_kld_mean:
-            c.failures.append(f"mean KLD {kld:.4f} > {spec.max_kld_mean}")
-        if ppl is not None and ppl > spec.max_ppl_ratio:
-            c.failures.append(f"PPL ratio {ppl:.4f} > {spec.max_ppl_ratio}")
-        if dec is None:
-            c.failures.append("no decode speed measured")
-        elif dec < spec.min_decode_tps:
-            c.failures.append(f"decode {dec:.1f} tok/s < {spec.min_decode_tps}")
-        if dh is not None and dh > spec.max_devhost_kld:
-            c.failures.append(
-                f"the device's logits differ from the host's for this very file (KLD {dh:.4f} > "
-                f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device"
-            )
+    groups = rows.groupby(["device", "model", "quant", "_backend"], sort=False)
+    accs = {k: _task_accuracy(g) for k, g in groups}
+    out = []
+    for key, g in groups:
+        c = measure(key, g, spec, accs, task)
+        device, model, _, backend = key
         tasks = [task] if task is not None else sorted({t for (d, m, _, b), a in accs.items()
                                                         if (d, m, b) == (device, model, backend) for t in a})
-        _judge_tasks(c, spec, tasks)
-        if spec.max_energy_per_token is not None:
-            if ept is None:
-                c.failures.append("energy per token not measurable on this device (no power source)")
-            elif ept > spec.max_energy_per_token:
-                c.failures.append(f"decode energy {ept:.4g} J/tok > {spec.max_energy_per_token}")
-        if overhead is None:
-            c.verdict = f"runtime overhead not measured: assumed {mb(DEFAULT_OVERHEAD)}"
+        c.failures = judge(c, spec, tasks)
         out.append(c)
     return out
 
@@ -319,7 +371,7 @@ def _objectives(c: Candidate, axis: str) -> tuple:
 
 def dominates(a: Candidate, b: Candidate, axis: str) -> bool:
     oa, ob = _objectives(a, axis), _objectives(b, axis)
-    return all(x <= y for x, y in zip(oa, ob)) and any(x < y for x, y in zip(oa, ob))
+    return all(x <= y for x, y in zip(oa, ob, strict=True)) and any(x < y for x, y in zip(oa, ob, strict=True))
 
 
 def knee(cs: list[Candidate]) -> dict | None:
@@ -327,7 +379,7 @@ def knee(cs: list[Candidate]) -> dict | None:
     k = sorted((c for c in cs if c.kld_mean and c.kld_mean > 0), key=lambda c: -c.bpw)
     if len(k) < 3:
         return None
-    jumps = [(b.kld_mean / a.kld_mean, a, b) for a, b in zip(k, k[1:])]
+    jumps = [(b.kld_mean / a.kld_mean, a, b) for a, b in pairwise(k)]
     j, a, b = max(jumps, key=lambda x: x[0])
     return {"bpw": round(b.bpw, 3), "from": a.quant, "to": b.quant, "jump": round(j, 2)}
 
@@ -410,77 +462,46 @@ def min_ram_table(cs: list[Candidate], spec: RecommendSpec) -> list[dict]:
     return out
 
 
-def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendation]:
-    recs = []
-    cands = candidates(rows, spec)
-    for device in dict.fromkeys(c.device for c in cands):
-        cs = [c for c in cands if c.device == device]
-        multi = len({c.backend for c in cs}) > 1
-        for c in cs:
+def _per_task(rows: pd.DataFrame, spec: RecommendSpec, tasks: list[str], multi: bool) -> dict:
+    """Several tasks: a pick per task as well (an easy task can ship a smaller file)."""
+    per_task = {}
+    for task in tasks:
+        tcs = [c for c in candidates(rows, spec, task) if c.accuracy is not None]
+        for c in tcs:
             c.multi_backend = multi
-        # across models KLD is not comparable (each is relative to its own base): use task accuracy when
-        # every candidate has it, else KLD (and say which)
-        models = {c.model for c in cs}
-        axis = "accuracy" if all(c.accuracy is not None for c in cs) and len(models) > 1 else "kld_mean"
-        pick, _ = _choose(cs, spec, axis)
-        # several tasks: a pick per task as well (an easy task can ship a smaller file)
-        tasks = sorted({t for c in cs for t in c.task_accuracy})
-        per_task = {}
-        if len(tasks) > 1:
-            drows = rows[rows["device"] == device]
-            for task in tasks:
-                tcs = [c for c in candidates(drows, spec, task) if c.accuracy is not None]
-                for c in tcs:
-                    c.multi_backend = multi
-                tpick, n_ok = _choose(tcs, spec, "accuracy")
-                per_task[task] = {
-                    "pick": tpick.label if tpick else None,
-                    "accuracy": tpick.accuracy if tpick else None,
-                    "base_accuracy": tpick.base_accuracy.get(task) if tpick else None,
-                    "passing": n_ok,
-                    "candidates": [{"model": c.model, "quant": c.quant, "accuracy": c.accuracy,
-                                    "base_accuracy": c.base_accuracy.get(task), "verdict": c.verdict}
-                                   for c in sorted(tcs, key=lambda c: (c.model, -c.bpw))],
-                }
-        knees = {m: knee([c for c in cs if c.model == m]) for m in models}
-        recs.append(
-            DeviceRecommendation(
-                device,
-                pick,
-                sorted(cs, key=lambda c: (c.model, -c.bpw)),
-                spec.model_dump(),
-                axis,
-                {m: k for m, k in knees.items() if k},
-                per_task,
-                min_ram_table(cs, spec),
-                backend_lines(cs),
-            )
-        )
-    return recs
+        tpick, n_ok = _choose(tcs, spec, "accuracy")
+        per_task[task] = {
+            "pick": tpick.label if tpick else None,
+            "accuracy": tpick.accuracy if tpick else None,
+            "base_accuracy": tpick.base_accuracy.get(task) if tpick else None,
+            "passing": n_ok,
+            "candidates": [{"model": c.model, "quant": c.quant, "accuracy": c.accuracy,
+                            "base_accuracy": c.base_accuracy.get(task), "verdict": c.verdict}
+                           for c in sorted(tcs, key=lambda c: (c.model, -c.bpw))],
+        }
+    return per_task
 
 
-def pick_lines(r: DeviceRecommendation) -> list[str]:
-    """The pick's RAM line (budget, its source, the need), its energy per prompt, the per-task picks."""
-    out, c = [], r.pick or (r.candidates[0] if r.candidates else None)
-    if c is None:
-        return out
-    mib = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
-    if c.ram_budget is not None:
-        out.append(f"RAM: {c.model} {c.quant} needs {mib(c.ram_need)} (weights {mib(c.model_bytes)} + KV "
-                   f"{mib(c.kv_bytes or 0)} + runtime {mib(c.ram_need - c.model_bytes - (c.kv_bytes or 0))}"
-                   f"{'' if c.overhead_measured else ', assumed'}) of a budget of {mib(c.ram_budget)} "
-                   f"({c.ram_budget_source})")
-    if c.wh_per_prompt is not None:
-        share = f", {c.battery_per_1000:.1%} of the battery per 1,000 prompts" if c.battery_per_1000 else ""
-        out.append(f"energy: {c.wh_per_prompt * 1000:.3g} mWh per prompt ({c.prompt_shape}){share} "
-                   f"[{c.energy_source}]")
-    else:
-        out.append("energy: not measurable on this device (no power source)")
-    out += [f"backends: {x}" if not x.startswith(" ") else x for x in r.backends]
-    for task, t in r.per_task.items():
-        if t["pick"]:
-            base = f", base {t['base_accuracy']:.1%}" if t["base_accuracy"] is not None else ""
-            out.append(f"for {task} ship {t['pick']} (accuracy {t['accuracy']:.1%}{base})")
-        else:
-            out.append(f"for {task}: no quant meets the constraints")
-    return out
+def _device(device: str, cs: list[Candidate], rows: pd.DataFrame, spec: RecommendSpec) -> DeviceRecommendation:
+    multi = len({c.backend for c in cs}) > 1
+    for c in cs:
+        c.multi_backend = multi
+    # across models KLD is not comparable (each is relative to its own base): use task accuracy when every
+    # candidate has it, else KLD (and say which)
+    models = {c.model for c in cs}
+    axis = "accuracy" if all(c.accuracy is not None for c in cs) and len(models) > 1 else "kld_mean"
+    pick, _ = _choose(cs, spec, axis)
+    tasks = sorted({t for c in cs for t in c.task_accuracy})
+    per_task = _per_task(rows[rows["device"] == device], spec, tasks, multi) if len(tasks) > 1 else {}
+    knees = {m: knee([c for c in cs if c.model == m]) for m in models}
+    return DeviceRecommendation(
+        device=device, pick=pick, candidates=sorted(cs, key=lambda c: (c.model, -c.bpw)), spec=spec.model_dump(),
+        quality_axis=axis, knees={m: k for m, k in knees.items() if k}, per_task=per_task,
+        min_ram=min_ram_table(cs, spec), backends=backend_lines(cs),
+    )
+
+
+def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendation]:
+    cands = candidates(rows, spec)
+    return [_device(device, [c for c in cands if c.device == device], rows, spec)
+            for device in dict.fromkeys(c.device for c in cands)]

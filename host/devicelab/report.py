@@ -17,10 +17,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from .analysis import findings, roofline  # noqa: E402
-from .models.gguf_info import kv_scale  # noqa: E402
 from .recipes import RecommendSpec  # noqa: E402
-from .recommend import pick_lines, recommend  # noqa: E402
-from .tables import wide  # noqa: E402
+from .tables import NO_PICK, NONE, RecommendationView, Table, recommendation_views, wide  # noqa: E402
 from .telemetry import normalize, sampler_csv  # noqa: E402
 
 
@@ -90,7 +88,7 @@ def _speed_plot(rows: pd.DataFrame) -> str | None:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     sp = sp.assign(_be=_backend_label(sp))
-    for ax, metric in zip(axes, ("prefill_tps", "decode_tps")):
+    for ax, metric in zip(axes, ("prefill_tps", "decode_tps"), strict=True):
         d = sp[sp.metric == metric]
         for (dev, model, th, be), g in d.groupby(["device", "model", "threads", "_be"]):
             g = (
@@ -149,30 +147,21 @@ def _trace_plots(rows: pd.DataFrame, artifacts: Path | None, limit: int = 12) ->
                 ax2.plot(t[hot.notna()], hot.dropna(), "r-", label="hottest zone (°C)")
             if freqs:
                 ax2.plot(t[ghz.notna()], ghz.dropna(), "g-", label="mean CPU GHz")
-        note = "" if (temps or freqs) else " (no thermal zones / cpufreq on this device)"
+        note = "" if (temps or freqs) else " (no temperature or CPU clock readable on this device)"
         ax.set_title(f"{c.device} {c.model} {c.quant} {c.payload}{note}", fontsize=8)
         ax.grid(alpha=0.3)
         out.append((_png(fig), f"telemetry trace, cell {c.cell_id}"))
     return out
 
 
+def _html_table(t: Table) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in t.columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(s)}</td>" for s in r) + "</tr>" for r in t.rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
 def _table(df: pd.DataFrame, cols: list[str], fmt: dict | None = None) -> str:
-    fmt = fmt or {}
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = []
-    for _, r in df.iterrows():
-        cells = []
-        for c in cols:
-            v = r.get(c)
-            if v is None or (isinstance(v, float) and pd.isna(v)) or v is pd.NA:
-                s = "—"
-            elif c in fmt:
-                s = fmt[c](v)
-            else:
-                s = str(v)
-            cells.append(f"<td>{html.escape(s)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return _html_table(Table.of_frame(df, cols, fmt))
 
 
 CSS = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}
@@ -182,140 +171,49 @@ figcaption{font-size:11px;color:#666}.pick{background:#e5f6e5;font-weight:bold}.
 .held{color:#161}.not{color:#a33}section{margin-bottom:2em}"""
 
 
-def build(
-    rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | None = None, title: str = "devicelab"
-) -> Path:
+def _recommendation(v: RecommendationView) -> list[str]:
+    """One device's recommendation: the pick, the candidates, why, per task, minimum RAM, KV cache, the knees."""
+    p = v.pick
+    parts = [f"<p class='pick' data-device='{html.escape(v.device)}'>{html.escape(v.device)}: ship "
+             f"{html.escape(p.label)} ({p.bpw} bits/weight, {p.mib} MiB)</p>" if p
+             else f"<p class='lost'>{html.escape(v.device)}: {NO_PICK}</p>",
+             _html_table(v.candidates),
+             "<ul class='why'>" + "".join(f"<li>{html.escape(x)}</li>" for x in v.reasons) + "</ul>"]
+    if v.per_task:
+        parts += ["<p>Per task (an easy task can ship a smaller file):</p>", _html_table(v.per_task)]
+    if v.min_ram:
+        mr = Table(columns=("model", "quant", "needs MiB", "runtime measured", "smallest phone", "smallest laptop"),
+                   rows=tuple((m.model, m.quant, m.need_mib, "yes" if m.measured else "assumed", m.phone, m.laptop)
+                              for m in v.min_ram))
+        parts += [f"<p id='min-ram'>Minimum RAM at a {int(v.spec['context'])}-token context (phones: "
+                  "5/8 of the RAM less 1.56 GiB for one app; laptops: "
+                  f"{v.spec['ram_fraction']:.0%} of the RAM):</p>", _html_table(mr)]
+    if v.kv:
+        parts += ["<p>KV cache by context (grows linearly; -ctk/-ctv quantize it):</p>", _html_table(v.kv)]
+    knees = "; ".join(f"{k.model}: {k.bpw} bpw ({k.from_quant}→{k.to_quant}, KLD ×{k.jump})" for k in v.knees)
+    parts.append(f"<p>Quality axis: {html.escape(v.quality_axis)}. Bits-per-weight knee: {html.escape(knees or NONE)}."
+                 f" Constraints: {html.escape(json.dumps(v.spec))}</p>")
+    return parts
+
+
+def _recommendation_section(views: list[RecommendationView]) -> list[str]:
+    """What a person acts on: first."""
+    return ["<section id='recommendation'><h2>Recommendation</h2>", *(x for v in views for x in _recommendation(v)),
+            "</section>"]
+
+
+RESULT_COLUMNS = ["device", "model", "quant", "bpw", "prefill_tps", "decode_tps", "kld_mean", "ppl_ratio",
+                  "same_top_p", "peak_rss", "decode_j_per_tok"]
+RESULT_FMT = {"bpw": "{:.2f}", "prefill_tps": "{:.1f}", "decode_tps": "{:.1f}", "kld_mean": "{:.4f}",
+              "ppl_ratio": "{:.4f}", "same_top_p": "{:.1%}", "peak_rss": lambda v: f"{v / 1024**2:.0f} MiB",
+              "decode_j_per_tok": "{:.3g}"}
+
+
+def _results_section(rows: pd.DataFrame) -> list[str]:
     w = wide(rows)
-    recs = recommend(rows, spec)
-    parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-        f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>"
-    ]
-    # ---- recommendation first: what a person acts on
-    parts.append("<section id='recommendation'><h2>Recommendation</h2>")
-    for r in recs:
-        if r.pick:
-            parts.append(
-                f"<p class='pick' data-device='{html.escape(r.device)}'>{html.escape(r.device)}: ship "
-                f"{html.escape(r.pick.label)} ({r.pick.bpw:.2f} bits/weight, "
-                f"{r.pick.model_bytes / 1024**2:.0f} MiB)</p>"
-            )
-        else:
-            parts.append(f"<p class='lost'>{html.escape(r.device)}: no quant meets the constraints</p>")
-        cand = pd.DataFrame(
-            [
-                {
-                    "model": c.model,
-                    "quant": c.quant,
-                    "backend": c.backend,
-                    "bits/w": c.bpw,
-                    "MiB": c.model_bytes / 1024**2,
-                    "decode t/s": c.decode_tps,
-                    "mean KLD": c.kld_mean,
-                    "accuracy": c.accuracy,
-                    "RAM need MiB": (c.ram_need or 0) / 1024**2,
-                    "mWh/prompt": c.wh_per_prompt * 1000 if c.wh_per_prompt is not None else None,
-                    "battery/1k prompts": c.battery_per_1000,
-                    "frontier": "◆" if c.on_frontier else "",
-                    "verdict": ("→ " if c is r.pick else "") + c.verdict,
-                }
-                for c in r.candidates
-            ]
-        )
-        parts.append(
-            _table(
-                cand,
-                list(cand.columns),
-                {
-                    "bits/w": "{:.2f}".format,
-                    "MiB": "{:.0f}".format,
-                    "decode t/s": "{:.1f}".format,
-                    "mean KLD": "{:.4f}".format,
-                    "accuracy": "{:.1%}".format,
-                    "RAM need MiB": "{:.0f}".format,
-                    "mWh/prompt": "{:.3g}".format,
-                    "battery/1k prompts": "{:.1%}".format,
-                },
-            )
-        )
-        parts.append("<ul class='why'>" + "".join(f"<li>{html.escape(x)}</li>" for x in pick_lines(r)) + "</ul>")
-        if r.per_task:
-            pt = pd.DataFrame([{"task": t, "ship": v["pick"] or "nothing passes", "accuracy": v["accuracy"],
-                                "base accuracy": v["base_accuracy"], "passing": v["passing"]}
-                               for t, v in r.per_task.items()])
-            parts.append("<p>Per task (an easy task can ship a smaller file):</p>")
-            parts.append(_table(pt, list(pt.columns), {"accuracy": "{:.1%}".format,
-                                                       "base accuracy": "{:.1%}".format}))
-        if r.min_ram:
-            mr = pd.DataFrame([{"model": m["model"], "quant": m["quant"], "needs MiB": m["need_bytes"] / 1024**2,
-                                "runtime measured": "yes" if m["overhead_measured"] else "assumed",
-                                "smallest phone": f"{m['phone_gb']} GB" if m["phone_gb"] else "> 16 GB",
-                                "smallest laptop": f"{m['laptop_gb']} GB" if m["laptop_gb"] else "> 64 GB"}
-                               for m in r.min_ram])
-            parts.append(f"<p id='min-ram'>Minimum RAM at a {int(r.spec['context'])}-token context (phones: "
-                         "5/8 of the RAM less 1.56 GiB for one app; laptops: "
-                         f"{r.spec['ram_fraction']:.0%} of the RAM):</p>")
-            parts.append(_table(mr, list(mr.columns), {"needs MiB": "{:.0f}".format}))
-        kvrows = []
-        for m in dict.fromkeys(c.model for c in r.candidates):
-            g = rows[(rows.model == m) & rows.kv_bytes_per_token.notna()]
-            if g.empty:
-                continue
-            per = float(g.kv_bytes_per_token.iloc[0])
-            for ctx_len in sorted({2048, 8192, 32768, int(r.spec["context"])}):
-                kvrows.append(
-                    {
-                        "model": m,
-                        "context": ctx_len,
-                        **{
-                            f"{t.upper() if t == 'f16' else t} KV MiB": per * ctx_len * kv_scale(t) / 1024**2
-                            for t in ("f16", "q8_0", "q4_0")
-                        },
-                    }
-                )
-        if kvrows:
-            kv = pd.DataFrame(kvrows)
-            parts.append("<p>KV cache by context (grows linearly; -ctk/-ctv quantize it):</p>")
-            parts.append(_table(kv, list(kv.columns), {c: "{:.0f}".format for c in kv.columns if "MiB" in c}))
-        knees = "; ".join(
-            f"{m}: {k['bpw']:.2f} bpw ({k['from']}→{k['to']}, KLD ×{k['jump']:.1f})" for m, k in r.knees.items()
-        )
-        parts.append(
-            f"<p>Quality axis: {html.escape(r.quality_axis)}. Bits-per-weight knee: {html.escape(knees or '—')}."
-            f" Constraints: {html.escape(json.dumps(r.spec))}</p>"
-        )
-    parts.append("</section>")
-    # ---- results
-    parts.append("<section id='results'><h2>Results</h2>")
+    parts = ["<section id='results'><h2>Results</h2>"]
     if not w.empty:
-        parts.append(
-            _table(
-                w,
-                [
-                    "device",
-                    "model",
-                    "quant",
-                    "bpw",
-                    "prefill_tps",
-                    "decode_tps",
-                    "kld_mean",
-                    "ppl_ratio",
-                    "same_top_p",
-                    "peak_rss",
-                    "decode_j_per_tok",
-                ],
-                {
-                    "bpw": "{:.2f}".format,
-                    "prefill_tps": "{:.1f}".format,
-                    "decode_tps": "{:.1f}".format,
-                    "kld_mean": "{:.4f}".format,
-                    "ppl_ratio": "{:.4f}".format,
-                    "same_top_p": "{:.1%}".format,
-                    "peak_rss": lambda v: f"{v / 1024**2:.0f} MiB",
-                    "decode_j_per_tok": "{:.3g}".format,
-                },
-            )
-        )
+        parts.append(_table(w, RESULT_COLUMNS, RESULT_FMT))
     for fn, alt in (
         (lambda: _quality_plot(w, rows), "quality vs bits per weight, per model"),
         (lambda: _speed_plot(rows), "prefill and decode t/s vs bits per weight, per device"),
@@ -325,21 +223,22 @@ def build(
         parts.append(
             _img(src, alt) if src else f"<p>{html.escape(alt)}: no data (e.g. no power source on these devices).</p>"
         )
-    parts.append("</section>")
-    # ---- roofline + findings
+    return [*parts, "</section>"]
+
+
+def _roofline_section(rows: pd.DataFrame) -> list[str]:
     rl = roofline(rows)
-    parts.append("<section id='roofline'><h2>Roofline</h2>")
+    parts = ["<section id='roofline'><h2>Roofline</h2>"]
     if not rl.empty and rl.efficiency.notna().any():
-        parts.append(
-            _table(
-                rl,
-                ["device", "model", "quant", "test", "threads", "tps", "limit_tps", "efficiency", "bound"],
-                {"tps": "{:.1f}".format, "limit_tps": "{:.1f}".format, "efficiency": "{:.0%}".format},
-            )
-        )
+        cols = ["device", "model", "quant", "test", "threads", "tps", "limit_tps", "efficiency", "bound"]
+        parts.append(_table(rl, cols, {"tps": "{:.1f}", "limit_tps": "{:.1f}", "efficiency": "{:.0%}"}))
     else:
         parts.append("<p>No bandwidth measurement (add a <code>kind: membw</code> payload).</p>")
-    parts.append("</section><section id='findings'><h2>The seeds' findings on this data</h2><ul>")
+    return [*parts, "</section>"]
+
+
+def _findings_section(rows: pd.DataFrame) -> list[str]:
+    parts = ["<section id='findings'><h2>The seeds' findings on this data</h2><ul>"]
     for f in findings(rows):
         cls = {True: "held", False: "not", None: ""}[f["held"]]
         word = {True: "held", False: "did not hold", None: "not enough data"}[f["held"]]
@@ -347,23 +246,40 @@ def build(
             f"<li><b>{html.escape(f['device'])} {html.escape(f['model'])}</b>: {html.escape(f['claim'])} — "
             f"<span class='{cls}'>{word}</span> ({html.escape(f['evidence'])})</li>"
         )
-    parts.append("</ul></section>")
-    # ---- traces
+    return [*parts, "</ul></section>"]
+
+
+def _traces_section(rows: pd.DataFrame, artifacts: Path | None) -> list[str]:
     traces = _trace_plots(rows, artifacts)
-    parts.append("<section id='traces'><h2>Telemetry traces</h2>")
-    parts.extend(_img(s, a) for s, a in traces)
+    parts = ["<section id='traces'><h2>Telemetry traces</h2>", *(_img(s, a) for s, a in traces)]
     if not traces:
         parts.append("<p>No raw artifacts available (a report from an exported table has no traces).</p>")
-    parts.append("</section>")
-    prov = (
-        rows.drop_duplicates("build_key")[["build_commit", "build_key", "target", "build_flags"]]
-        if not rows.empty
-        else rows
-    )
-    parts.append("<section id='provenance'><h2>Provenance</h2>")
+    return [*parts, "</section>"]
+
+
+def _provenance_section(rows: pd.DataFrame) -> list[str]:
+    parts = ["<section id='provenance'><h2>Provenance</h2>"]
     if not rows.empty:
+        prov = rows.drop_duplicates("build_key")[["build_commit", "build_key", "target", "build_flags"]]
         parts.append(_table(prov, list(prov.columns)))
-    parts.append("</section></body></html>")
+    return [*parts, "</section>"]
+
+
+def build(
+    rows: pd.DataFrame, spec: RecommendSpec, out: Path, artifacts: Path | None = None, title: str = "devicelab"
+) -> Path:
+    _, views = recommendation_views(rows, spec)
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>",
+        *_recommendation_section(views),
+        *_results_section(rows),
+        *_roofline_section(rows),
+        *_findings_section(rows),
+        *_traces_section(rows, artifacts),
+        *_provenance_section(rows),
+        "</body></html>",
+    ]
     out = Path(out)
     out.write_text("\n".join(parts))
     return out

@@ -20,10 +20,15 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Literal
 
 from .targets import Target
 
+# the backends, named here only: other modules ask for BACKENDS / Backend (a recipe's and a device's `backends:`
+# validate against it) or CPU
 BACKENDS = ("cpu", "vulkan", "opencl", "metal", "cuda")
+Backend = Literal[BACKENDS]  # type: ignore[valid-type]   # Literal["cpu", "vulkan", …], from the tuple
+CPU = "cpu"
 
 
 class NoBackend(Exception):
@@ -32,7 +37,7 @@ class NoBackend(Exception):
 
 def default_backend(t: Target) -> str:
     """What a target's build is when a recipe names no backend (as before backends were an axis)."""
-    return "metal" if t.flags.get("GGML_METAL") == "ON" else "cpu"
+    return "metal" if t.flags.get("GGML_METAL") == "ON" else CPU
 
 
 def cuda_architectures(env=None) -> str | None:
@@ -46,49 +51,45 @@ def cuda_architectures(env=None) -> str | None:
     return ";".join(caps) or None
 
 
-def variant(t: Target, backend: str, env=None) -> Target:
-    """The target built for `backend`, or NoBackend with the reason."""
-    env = env if env is not None else os.environ
-    if backend not in BACKENDS:
-        raise NoBackend(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
-    if backend == default_backend(t):
-        return t
-    flags = dict(t.flags)
-    name = f"{t.name}-{backend}"
-    if backend == "cpu":                                   # a Mac's build without Metal
-        flags["GGML_METAL"] = "OFF"
-        flags.pop("GGML_METAL_EMBED_LIBRARY", None)
-        return dataclasses.replace(t, name=name, flags=flags)
-    if backend == "metal":
-        raise NoBackend(f"metal is macOS's; {t.name} is {t.os}")
-    if backend == "vulkan":
-        if t.os == "darwin":
-            raise NoBackend("no Vulkan build for macOS here (MoltenVK is not set up): measure metal")
-        if t.where == "host" and not shutil.which("glslc", path=env.get("PATH")):
-            raise NoBackend("the Vulkan build compiles its shaders with glslc, which this host lacks: install it "
-                            "(Debian: apt install glslc)")
-        flags["GGML_VULKAN"] = "ON"
-        inc = env.get("DEVICELAB_VULKAN_INCLUDE_DIR")
-        if inc and t.where == "host":
-            # newer headers than the distro's; the loader is the distro's (libvulkan1 ships no libvulkan.so)
-            flags["Vulkan_INCLUDE_DIR"] = inc
-            lib = env.get("DEVICELAB_VULKAN_LIBRARY") or next(
-                (str(p) for p in sorted(Path("/usr/lib").glob("*/libvulkan.so*")) if t.arch in p.parent.name), None)
-            if lib:
-                flags["Vulkan_LIBRARY"] = lib
-        if t.os == "android" or (t.where == "host" and t.arch != _host_arch()):
-            # the shader generator must run here: built for the host with the host's compilers
-            flags["GGML_VULKAN_SHADERS_GEN_TOOLCHAIN"] = str(host_toolchain_file())
-        return dataclasses.replace(t, name=name, flags=flags)
-    if backend == "opencl":
-        if t.os == "darwin":
-            raise NoBackend("ggml's OpenCL backend targets Adreno and Intel GPUs, and macOS deprecated OpenCL: "
-                            "measure metal")
-        flags.update({"GGML_OPENCL": "ON", "GGML_OPENCL_EMBED_KERNELS": "ON"})
-        if t.os == "android":
-            flags["GGML_OPENCL_USE_ADRENO_KERNELS"] = "ON"
-        return dataclasses.replace(t, name=name, flags=flags)
-    # cuda
+def _cpu_flags(t: Target, flags: dict, env) -> None:
+    flags["GGML_METAL"] = "OFF"                           # a Mac's build without Metal
+    flags.pop("GGML_METAL_EMBED_LIBRARY", None)
+
+
+def _metal_flags(t: Target, flags: dict, env) -> None:
+    raise NoBackend(f"metal is macOS's; {t.name} is {t.os}")
+
+
+def _vulkan_flags(t: Target, flags: dict, env) -> None:
+    if t.os == "darwin":
+        raise NoBackend("no Vulkan build for macOS here (MoltenVK is not set up): measure metal")
+    if t.where == "host" and not shutil.which("glslc", path=env.get("PATH")):
+        raise NoBackend("the Vulkan build compiles its shaders with glslc, which this host lacks: install it "
+                        "(Debian: apt install glslc)")
+    flags["GGML_VULKAN"] = "ON"
+    inc = env.get("DEVICELAB_VULKAN_INCLUDE_DIR")
+    if inc and t.where == "host":
+        # newer headers than the distro's; the loader is the distro's (libvulkan1 ships no libvulkan.so)
+        flags["Vulkan_INCLUDE_DIR"] = inc
+        lib = env.get("DEVICELAB_VULKAN_LIBRARY") or next(
+            (str(p) for p in sorted(Path("/usr/lib").glob("*/libvulkan.so*")) if t.arch in p.parent.name), None)
+        if lib:
+            flags["Vulkan_LIBRARY"] = lib
+    if t.os == "android" or (t.where == "host" and t.arch != _host_arch()):
+        # the shader generator must run here: built for the host with the host's compilers
+        flags["GGML_VULKAN_SHADERS_GEN_TOOLCHAIN"] = str(host_toolchain_file())
+
+
+def _opencl_flags(t: Target, flags: dict, env) -> None:
+    if t.os == "darwin":
+        raise NoBackend("ggml's OpenCL backend targets Adreno and Intel GPUs, and macOS deprecated OpenCL: "
+                        "measure metal")
+    flags.update({"GGML_OPENCL": "ON", "GGML_OPENCL_EMBED_KERNELS": "ON"})
+    if t.os == "android":
+        flags["GGML_OPENCL_USE_ADRENO_KERNELS"] = "ON"
+
+
+def _cuda_flags(t: Target, flags: dict, env) -> None:
     if t.os != "linux" or t.where != "host" or t.arch != _host_arch():
         raise NoBackend(f"CUDA builds are native Linux builds with the CUDA toolkit; {t.name} is not one")
     if not shutil.which("nvcc", path=env.get("PATH")):
@@ -97,7 +98,23 @@ def variant(t: Target, backend: str, env=None) -> Target:
     arch = cuda_architectures(env)
     if arch:                # else llama.cpp's own list of architectures (no GPU here to ask)
         flags["CMAKE_CUDA_ARCHITECTURES"] = arch
-    return dataclasses.replace(t, name=name, flags=flags)
+
+
+# each backend's CMake flags on a target other than the one it is the default of (NoBackend: it cannot have it)
+_FLAGS = {"cpu": _cpu_flags, "metal": _metal_flags, "vulkan": _vulkan_flags, "opencl": _opencl_flags,
+          "cuda": _cuda_flags}
+
+
+def variant(t: Target, backend: str, env=None) -> Target:
+    """The target built for `backend`, or NoBackend with the reason."""
+    env = env if env is not None else os.environ
+    if backend not in BACKENDS:
+        raise NoBackend(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if backend == default_backend(t):
+        return t
+    flags = dict(t.flags)
+    _FLAGS[backend](t, flags, env)
+    return dataclasses.replace(t, name=f"{t.name}-{backend}", flags=flags)
 
 
 NO_DEVICE_HINT = {

@@ -28,21 +28,24 @@ def _compiler_for(manifest: dict) -> tuple[str, list[str]]:
     return "cc", ["-O3", "-march=native"] if flags.get("GGML_NATIVE") == "ON" else ["-O3"]
 
 
-def ensure_membw(build) -> Path:
-    if build.manifest.get("where") == "device":
-        raise DevicelabError("membw for device-side builds is not supported yet; use a cross or host build")
-    src = paths.device_payloads_dir() / "membw.c"
-    cc, flags = _compiler_for(build.manifest)
+def ensure_c_payload(name: str, build, what: str = "") -> Path:
+    """device_payloads/NAME.c built for a build's target as the executable NAME, cached by (source, compiler,
+    flags); `build` is a Build or its manifest. The kind that runs it passes its name (the build knows no kind)."""
+    manifest = getattr(build, "manifest", build)
+    if manifest.get("where") == "device":
+        raise DevicelabError(f"{name} for device-side builds is not supported yet; use a cross or host build")
+    src = paths.device_payloads_dir() / f"{name}.c"
+    cc, flags = _compiler_for(manifest)
     if shutil.which(cc) is None:
-        raise DevicelabError(f"{cc} not found: it builds the bandwidth payload for {build.manifest['target']}")
+        raise DevicelabError(f"{cc} not found: it builds the {what or name} payload for {manifest['target']}")
     argv = [cc, *flags, "-pthread", "-o"]
     key = hashlib.sha256((src.read_text() + json.dumps(argv)).encode()).hexdigest()[:16]
-    out = paths.sub("builds") / f"membw-{build.manifest['target']}-{key}" / "membw"
+    out = paths.sub("builds") / f"{name}-{manifest['target']}-{key}" / name
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(argv + [str(out), str(src)], capture_output=True, text=True)
     if r.returncode != 0:
-        raise DevicelabError(f"building membw for {build.manifest['target']} failed: {r.stderr.strip()[:300]}")
+        raise DevicelabError(f"building {name} for {manifest['target']} failed: {r.stderr.strip()[:300]}")
     return out
 

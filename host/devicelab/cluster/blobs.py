@@ -12,13 +12,13 @@ from typing import Callable
 
 from .. import paths
 from ..errors import RetryableError
+from . import NODE_CACHE_ENV
 
 CHUNK = 4 * 1024 * 1024
 OK = ".verified"
 
 
 def root() -> Path:
-    from .node import NODE_CACHE_ENV
     env = os.environ.get(NODE_CACHE_ENV)
     d = Path(env) if env else paths.sub("node-cache")
     d.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,9 @@ host. Files the head hands out come back by content hash into the node's cache (
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import inspect
 import json
 import shutil
 import tempfile
@@ -24,32 +26,41 @@ import ray
 from ..build.cache import Build
 from ..errors import DevicelabError
 from ..hashing import sha256_file
+from ..kinds import get_op
+from ..kinds.base import FILE, TREE
 from ..lab import device_from, this_host
 from ..ledger import Ledger
 from ..runner.host import HostCPUs, HostWork
-from ..runner.orchestrator import Events, Lane
+from ..runner.lane import LEDGER_CALLS, Events, Lane, LaneLedger, protocol_calls
 from . import KV_NAMESPACE, blobs, lease_key
 
-LEDGER_CALLS = {"begin_cell", "set_artifacts", "finish_cell", "skip_cell", "fail_cell", "status", "cell",
-                "device_fact", "set_device_fact"}
-EVENTS = ("stage", "build_progress", "progress", "cells", "lane", "cell_start", "cell_done")
+
+def relay(proto: type) -> type:
+    """A class implementing every call `proto` declares by `self._forward(name, args, kwargs)`: a relay of it
+    to another process, that carries nothing the Protocol does not name."""
+    def method(name):
+        sig = inspect.signature(getattr(proto, name))
+
+        @functools.wraps(getattr(proto, name))
+        def call(self, *a, **kw):
+            bound = sig.bind(self, *a, **kw)          # by position, defaults filled: what the far side takes
+            bound.apply_defaults()
+            return self._forward(name, bound.args[1:], {})
+        return call
+    return type(f"_{proto.__name__}Relay", (), {n: method(n) for n in sorted(protocol_calls(proto))})
 
 
-class RelayEvents(Events):
+class RelayEvents(relay(Events), Events):
     """Events put on the driver's queue, in order (each put returns before the next)."""
 
     def __init__(self, queue):
         self.q = queue
 
-    def _put(self, name, *args):
+    def _forward(self, name, a, kw):
         try:
-            self.q.put((name, args), timeout=30)
+            self.q.put((name, a), timeout=30)
         except Exception:  # noqa: BLE001 - the driver's display is not worth a lane
             pass
-
-
-for _name in EVENTS:
-    setattr(RelayEvents, _name, lambda self, *a, _n=_name: self._put(_n, *a))
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_concurrency=64)
@@ -61,7 +72,6 @@ class Head:
         self.telemetry, self.run_id = telemetry, run_id
         self._files: dict[str, tuple] = {}      # paths handed out -> (sha256, size, mtime): the only files read()
                                                 # serves, each hashed once while unchanged
-        self._builds: dict[str, Build] = {}
         self._guard = threading.Lock()
         self.stop = threading.Event()
         self.lanes: dict[str, Lane] = {}
@@ -95,7 +105,6 @@ class Head:
 
     def build(self, tgt) -> tuple[dict, dict]:
         b = self.host.build(tgt)
-        self._builds[b.key] = b
         return b.manifest, {n: self._give(b.tool(n), sha) for n, sha in b.manifest["tools"].items()}
 
     def quant(self, model: str, quant: str):
@@ -108,34 +117,25 @@ class Head:
     def model_source(self, model: str):
         return self.host.model_source(model)
 
-    def membw(self, build_key: str):
-        return self._give(self.host.membw(self._builds[build_key]))
+    def op(self, name: str, args: tuple):
+        """A kind's host operation, made here once: a file as (path, sha256, size) for the node to fetch, a
+        folder as (name, digest) — the node asks for its files only when its cache lacks that digest —, data
+        as it is."""
+        got = self.host.op(name, *args)
+        result = get_op(name).result
+        if result == FILE:
+            return self._give(got)
+        if result == TREE:
+            if got is None:
+                return None
+            h = hashlib.sha256()
+            for rel, data in blobs.read_tree(got).items():
+                h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+            return got.name, h.hexdigest()[:16]
+        return got
 
-    def kld_base(self, model: str, spec: dict):
-        return self._give(self.host.kld_base(model, spec))
-
-    def host_quant_logits(self, model: str, quant: str, spec: dict):
-        return self._give(self.host.host_quant_logits(model, quant, spec))
-
-    def host_eval(self, model: str, quant: str, P: dict) -> dict:
-        return self.host.host_eval(model, quant, P)
-
-    def resolve_text(self, spec: str, what: str = "perplexity text"):
-        return self._give(self.host.resolve_text(spec, what))
-
-    def include(self, P: dict):
-        """(folder name, digest) of the task files; a node asks for the files themselves only when its cache
-        has no folder of that digest."""
-        d = self.host.include(P)
-        if d is None:
-            return None
-        h = hashlib.sha256()
-        for rel, data in blobs.read_tree(d).items():
-            h.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
-        return d.name, h.hexdigest()[:16]
-
-    def include_files(self, P: dict) -> dict[str, bytes]:
-        return blobs.read_tree(self.host.include(P))
+    def op_tree(self, name: str, args: tuple) -> dict[str, bytes]:
+        return blobs.read_tree(self.host.op(name, *args))
 
     def read(self, path: str, offset: int, n: int) -> bytes:
         if path not in self._files:
@@ -159,7 +159,7 @@ class Head:
                 lane.session.interrupt()
 
 
-class RemoteLedger:
+class RemoteLedger(relay(LaneLedger)):
     """The head's ledger from another node: artifacts are staged here and sent with the cell's outcome."""
 
     def __init__(self, head, staging: Path):
@@ -170,7 +170,7 @@ class RemoteLedger:
         self.staging.mkdir(parents=True, exist_ok=True)
         return self.staging
 
-    def _call(self, name, *a, **kw):
+    def _forward(self, name, a, kw):
         return ray.get(self.head.ledger_call.remote(name, a, kw))
 
     def _ship(self, cell_id: str) -> None:
@@ -184,20 +184,15 @@ class RemoteLedger:
 
     def finish_cell(self, cell_id, rows):
         self._ship(cell_id)
-        return self._call("finish_cell", cell_id, rows)
+        return self._forward("finish_cell", (cell_id, rows), {})
 
     def skip_cell(self, cell_id, reason):
         self._ship(cell_id)
-        return self._call("skip_cell", cell_id, reason)
+        return self._forward("skip_cell", (cell_id, reason), {})
 
     def fail_cell(self, cell_id, error, retryable):
         self._ship(cell_id)
-        return self._call("fail_cell", cell_id, error, retryable=retryable)
-
-    def __getattr__(self, name):
-        if name in LEDGER_CALLS:
-            return lambda *a, **kw: self._call(name, *a, **kw)
-        raise AttributeError(name)
+        return self._forward("fail_cell", (cell_id, error), {"retryable": retryable})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,30 +253,16 @@ class RemoteHostWork:
     def model_source(self, model: str):
         return self._call("model_source", model)
 
-    def membw(self, build) -> Path:
-        if isinstance(build, RemoteBuild):
-            return self._fetch(self._call("membw", build.key), 0o755)
-        from ..build import payloads as bpay
-        return bpay.ensure_membw(build)          # a build on the device itself
-
-    def kld_base(self, model: str, spec: dict) -> Path:
-        return self._fetch(self._call("kld_base", model, spec))
-
-    def host_quant_logits(self, model: str, quant: str, spec: dict) -> Path:
-        return self._fetch(self._call("host_quant_logits", model, quant, spec))
-
-    def host_eval(self, model: str, quant: str, P: dict) -> dict:
-        return self._call("host_eval", model, quant, P)
-
-    def resolve_text(self, spec: str, what: str = "perplexity text") -> Path:
-        return self._fetch(self._call("resolve_text", spec, what))
-
-    def include(self, P: dict) -> Path | None:
-        got = self._call("include", P)
-        if got is None:
-            return None
-        name, digest = got
-        return blobs.tree(digest, name, lambda: self._call("include_files", P))
+    def op(self, name: str, *args):
+        """A kind's host operation, made on the head; its files come into this node's cache by content."""
+        o = get_op(name)
+        got = self._call("op", name, args)
+        if o.result == FILE:
+            return self._fetch(got, o.mode)
+        if o.result == TREE and got is not None:
+            folder, digest = got
+            return blobs.tree(digest, folder, lambda: self._call("op_tree", name, args))
+        return got
 
 
 def _put_lease(device: str, lease: dict | None) -> None:

@@ -20,9 +20,7 @@ from .. import paths
 from ..errors import DevicelabError
 from ..lab import LAB_HOST_ENV, this_host  # noqa: F401 - this_host: the cluster's name for it
 from ..transports import open_transport
-from . import IDENTITY_KEY, KV_NAMESPACE, resource
-
-NODE_CACHE_ENV = "DEVICELAB_NODE_CACHE"      # a node's cache of files fetched from the head
+from . import IDENTITY_KEY, KV_NAMESPACE, NODE_CACHE_ENV, resource
 
 
 def code_digest() -> str:
@@ -129,7 +127,7 @@ def check_devices(devices, host: str) -> None:
             if r.rc != 0:
                 raise DevicelabError(f"`true` exited {r.rc}")
         except Exception as e:  # noqa: BLE001 - one line per device, whatever the transport said
-            from ..runner.orchestrator import one_line
+            from ..runner.lane import one_line
             raise DevicelabError(f"device {d.name} is not reachable from lab host {host}: {one_line(e)}; plug it in "
                                  "here or fix its lab_host in the lab file") from None
         finally:

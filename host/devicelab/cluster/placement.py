@@ -13,6 +13,8 @@ import time
 from ..errors import DevicelabError
 from ..lab import this_host
 from ..ledger import DONE, SKIPPED
+from ..runner.lane import EVENT_CALLS
+from ..runner.placement import RunSetup
 from . import KV_NAMESPACE, lease_key, resource
 from .node import code_digest, head_identity, mismatch, use_auth_token
 
@@ -31,11 +33,19 @@ class _LaneState:
 
 
 class ClusterPlacement:
-    def __init__(self, o, address: str):
+    """Each lane on the lab host its device is plugged into (runner/placement.py's Placement)."""
+
+    def __init__(self, address: str):
+        self.address = address
+        self.su: RunSetup | None = None
+
+    def open(self, setup: RunSetup) -> None:
+        """Connect to the cluster and check that its head runs this devicelab and llama.cpp."""
+        address = self.address
         head = head_identity(address)          # says so in one line when Ray is not installed
         import ray
-        self.o, self.address, self.ray = o, address, ray
-        why = mismatch({"code": code_digest(), "llama_cpp": o.host.src.commit}, head, who="this run's")
+        self.su, self.ray = setup, ray
+        why = mismatch({"code": code_digest(), "llama_cpp": setup.host.src.commit}, head, who="this run's")
         if why:
             raise DevicelabError(f"cannot run on the cluster at {address}: {why}")
         use_auth_token()
@@ -67,123 +77,143 @@ class ClusterPlacement:
         from ray.util.queue import Queue
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from .head import Head, LaneActor, Lease
-        ray, o, ev = self.ray, self.o, self.o.ev
+        from .head import Head
+        ray, su = self.ray, self.su
         here = NodeAffinitySchedulingStrategy(self.me, soft=False)
-        queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-        head = Head.options(scheduling_strategy=here).remote(str(o.ledger.path), o.host_kwargs(), queue,
-                                                             o.recipe.telemetry, run_id)
-        info = ray.get(head.info.remote())
-        lease = {"run": run_id, "recipe": o.recipe.name, "head": this_host(), "since": time.time()}
+        self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
+        self.head = Head.options(scheduling_strategy=here).remote(str(su.ledger_path), su.host_kwargs, self.queue,
+                                                                  su.telemetry, run_id)
+        info = ray.get(self.head.info.remote())
+        lease = {"run": run_id, "recipe": su.recipe_name, "head": this_host(), "since": time.time()}
         states = [_LaneState(d, cells, self.where.get(d.name)) for d, cells in lanes]
-        outcome: dict[str, bool] = {}            # cell id -> ok, from the lanes' own events
-
-        def drain():
-            while True:
-                try:
-                    items = queue.get_nowait_batch(max(1, queue.size()))
-                except Exception:  # noqa: BLE001 - empty
-                    return
-                if not items:
-                    return
-                for name, args in items:
-                    if name == "cell_done":
-                        outcome[args[0].cell_id] = bool(args[1])
-                    getattr(ev, name)(*args)
-
-        def fail_rest(st: _LaneState, why: str) -> None:
-            for c in st.cells:
-                if c.cell_id in outcome or o.ledger.status(c.cell_id) in (DONE, SKIPPED):
-                    continue
-                o.ledger.fail_cell(c.cell_id, why, retryable=True)
-                outcome[c.cell_id] = False
-                ev.cell_done(c, False, why)
-            st.done = True
-            ev.lane(st.device.name, "lab host gone" if st.where else "not placed")
-
+        self.outcome: dict[str, bool] = {}            # cell id -> ok, from the lanes' own events
         for st in states:
-            name = st.device.name
-            if st.where is None:
-                h = st.device.lab_host
-                fail_rest(st, f"{name}: no lab host in the cluster at {self.address} advertises it; run `devicelab "
-                          + (f"worker --address {self.address} --host {h}` on {h}" if h else "head` with this lab file")
-                          + " (the lab file's lab_host says where it is plugged in)")
-                continue
-            opts = {"resources": {resource(name): 1}}
-            if st.where[0] == self.me:
-                st.holder = Lease.options(**opts).remote(name, lease)
-            else:
-                st.holder = LaneActor.options(**opts).remote(head, queue)
-                st.run = st.holder.run.remote(st.device.model_dump(), st.cells, run_id, o.recipe.telemetry, info,
-                                              lease)
-            st.ready = st.holder.ready.remote()
-            ev.lane(name, f"placing on lab host {st.where[1]}")
+            self._place(st, run_id, info, lease)
         try:
             while any(not st.done for st in states):
                 refs = [r for st in states if not st.done for r in (st.ready, st.run) if r is not None]
                 ray.wait(refs, num_returns=1, timeout=0.2)
-                drain()
+                self._drain()
                 for st in states:
-                    if st.done:
-                        continue
-                    self._step(st, head, ev, fail_rest, outcome)
+                    if not st.done:
+                        self._step(st)
         except KeyboardInterrupt:
-            head.interrupt.remote()
-            for st in states:
-                if st.run is not None and st.where and st.where[0] != self.me:
-                    st.holder.interrupt.remote()
-            deadline = time.time() + 120
-            for st in states:
-                if st.run is not None:
-                    ray.wait([st.run], timeout=max(0.0, deadline - time.time()))
-            drain()
+            self._interrupt(states)
             raise
         finally:
-            drain()
-            rep.ran = sum(1 for ok in outcome.values() if ok)
-            rep.failed = [c for c, ok in outcome.items() if not ok]
+            self._drain()
+            rep.ran = sum(1 for ok in self.outcome.values() if ok)
+            rep.failed = [c for c, ok in self.outcome.items() if not ok]
             for st in states:
                 self._release(st)
-            ray.kill(head)
+            ray.kill(self.head)
             ray.shutdown()
 
-    def _step(self, st: _LaneState, head, ev, fail_rest, outcome) -> None:
-        ray = self.ray
-        name, host = st.device.name, st.where[1]
-        if st.ready is not None:
-            got, _ = ray.wait([st.ready], timeout=0)
-            if got:
-                st.ready = None
-                try:
-                    ray.get(got[0])
-                except Exception as e:  # noqa: BLE001 - the host went away before the lane started
-                    fail_rest(st, f"{name}: lab host {host} went away before its lane started "
-                                  f"({type(e).__name__}); run again once it is back")
-                    self._release(st)
-                    return
-                ev.lane(name, f"on lab host {host}")
-                if st.run is None:               # a head device: its lane runs in the Head actor
-                    st.run = head.run_lane.remote(st.device.model_dump(), st.cells)
-            elif not st.noted and time.time() - st.asked > WAIT_NOTE_S:
-                holder = self._lease_holder(name)
-                if holder is None:            # still starting its lane there: look again later
-                    st.asked = time.time()
-                else:
-                    st.noted = True
-                    msg = f"{name} is held by {holder}: waiting for it"
-                    ev.lane(name, "waiting: " + msg)
-                    ev.stage(msg)
-        if st.run is not None and st.ready is None:
-            got, _ = ray.wait([st.run], timeout=0)
-            if not got:
-                return
+    def _place(self, st: _LaneState, run_id: str, info: dict, lease: dict) -> None:
+        """Ask for the device's resource: a lane actor on its lab host, or a lease for a head device (whose lane
+        runs in the Head actor once the lease is granted)."""
+        from .head import LaneActor, Lease
+        name, su = st.device.name, self.su
+        if st.where is None:
+            h = st.device.lab_host
+            self._fail_rest(st, f"{name}: no lab host in the cluster at {self.address} advertises it; run `devicelab "
+                            + (f"worker --address {self.address} --host {h}` on {h}" if h
+                               else "head` with this lab file")
+                            + " (the lab file's lab_host says where it is plugged in)")
+            return
+        opts = {"resources": {resource(name): 1}}
+        if st.where[0] == self.me:
+            st.holder = Lease.options(**opts).remote(name, lease)
+        else:
+            st.holder = LaneActor.options(**opts).remote(self.head, self.queue)
+            st.run = st.holder.run.remote(st.device.model_dump(), st.cells, run_id, su.telemetry, info, lease)
+        st.ready = st.holder.ready.remote()
+        su.events.lane(name, f"placing on lab host {st.where[1]}")
+
+    def _drain(self) -> None:
+        """The lanes' events, in order, to the display: only the calls the Events protocol names."""
+        while True:
             try:
-                ray.get(got[0])
-                st.done = True
-            except Exception as e:  # noqa: BLE001 - its node died, or the actor did
-                fail_rest(st, f"{name}: lab host {host} went away during the run ({type(e).__name__}); run again "
-                              "once it is back")
-            self._release(st)
+                items = self.queue.get_nowait_batch(max(1, self.queue.size()))
+            except Exception:  # noqa: BLE001 - empty
+                return
+            if not items:
+                return
+            for name, args in items:
+                if name not in EVENT_CALLS:
+                    continue
+                if name == "cell_done":
+                    self.outcome[args[0].cell_id] = bool(args[1])
+                getattr(self.su.events, name)(*args)
+
+    def _fail_rest(self, st: _LaneState, why: str) -> None:
+        su = self.su
+        for c in st.cells:
+            if c.cell_id in self.outcome or su.ledger.status(c.cell_id) in (DONE, SKIPPED):
+                continue
+            su.ledger.fail_cell(c.cell_id, why, retryable=True)
+            self.outcome[c.cell_id] = False
+            su.events.cell_done(c, False, why)
+        st.done = True
+        su.events.lane(st.device.name, "lab host gone" if st.where else "not placed")
+
+    def _interrupt(self, states: list[_LaneState]) -> None:
+        """Ctrl-C: every lane stops its payload and puts its device back (up to 120 s)."""
+        self.head.interrupt.remote()
+        for st in states:
+            if st.run is not None and st.where and st.where[0] != self.me:
+                st.holder.interrupt.remote()
+        deadline = time.time() + 120
+        for st in states:
+            if st.run is not None:
+                self.ray.wait([st.run], timeout=max(0.0, deadline - time.time()))
+        self._drain()
+
+    def _step(self, st: _LaneState) -> None:
+        if st.ready is not None:
+            self._step_ready(st)
+            if st.done:
+                return
+        if st.run is not None and st.ready is None:
+            self._step_run(st)
+
+    def _step_ready(self, st: _LaneState) -> None:
+        """Its device's resource granted (the lane starts), or still held by another run (say by whom)."""
+        name, host, ev = st.device.name, st.where[1], self.su.events
+        got, _ = self.ray.wait([st.ready], timeout=0)
+        if got:
+            st.ready = None
+            try:
+                self.ray.get(got[0])
+            except Exception as e:  # noqa: BLE001 - the host went away before the lane started
+                self._fail_rest(st, f"{name}: lab host {host} went away before its lane started "
+                                    f"({type(e).__name__}); run again once it is back")
+                self._release(st)
+                return
+            ev.lane(name, f"on lab host {host}")
+            if st.run is None:               # a head device: its lane runs in the Head actor
+                st.run = self.head.run_lane.remote(st.device.model_dump(), st.cells)
+        elif not st.noted and time.time() - st.asked > WAIT_NOTE_S:
+            holder = self._lease_holder(name)
+            if holder is None:            # still starting its lane there: look again later
+                st.asked = time.time()
+            else:
+                st.noted = True
+                msg = f"{name} is held by {holder}: waiting for it"
+                ev.lane(name, "waiting: " + msg)
+                ev.stage(msg)
+
+    def _step_run(self, st: _LaneState) -> None:
+        got, _ = self.ray.wait([st.run], timeout=0)
+        if not got:
+            return
+        try:
+            self.ray.get(got[0])
+            st.done = True
+        except Exception as e:  # noqa: BLE001 - its node died, or the actor did
+            self._fail_rest(st, f"{st.device.name}: lab host {st.where[1]} went away during the run "
+                                f"({type(e).__name__}); run again once it is back")
+        self._release(st)
 
     def _release(self, st: _LaneState) -> None:
         """The device is free for another run as soon as its lane ends."""

@@ -2,6 +2,6 @@
 import below."""
 
 from . import base, batched, bench, eval, kld, membw  # noqa: F401  (each registers itself)
-from .base import REGISTRY, SkipCell, get
+from .base import HOST_OPS, REGISTRY, SkipCell, get, get_op
 
-__all__ = ["REGISTRY", "SkipCell", "get", "base"]
+__all__ = ["HOST_OPS", "REGISTRY", "SkipCell", "get", "get_op", "base"]

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -129,6 +129,50 @@ class Kind:
 
 
 REGISTRY: dict[str, Kind] = {}
+
+# ---- the host-operation channel ----
+# A kind's host work (base logits, a host eval, a payload built for the device's target…) is a named operation
+# it registers here: `cx.host_op(NAME, *args)` asks for it; the run's shared host work makes it once per
+# (name, args) on the host that holds that work (a cluster's head), under the host-CPU rule — the operation
+# takes `host.cpu.work(label)` around what it computes. Its result comes back as what `result` says: a FILE
+# (handed to other lab hosts by content hash), a TREE (a folder of small files, likewise) or JSON-able DATA.
+# Nothing outside kinds/ names an operation.
+FILE, TREE, DATA = "file", "tree", "data"
+
+
+@dataclass(frozen=True)
+class HostOp:
+    name: str
+    make: Callable[..., Any]           # make(host, *args): host is the run's HostWork (runner/host.py)
+    result: str = DATA
+    mode: int | None = None            # a FILE's mode where it lands (0o755: a program)
+
+
+HOST_OPS: dict[str, HostOp] = {}
+
+
+def host_op(name: str, result: str = DATA, mode: int | None = None):
+    """Register `make(host, *args)` as the host operation `name`."""
+    def deco(make):
+        HOST_OPS[name] = HostOp(name, make, result, mode)
+        return make
+    return deco
+
+
+def get_op(name: str) -> HostOp:
+    try:
+        return HOST_OPS[name]
+    except KeyError:
+        raise DevicelabError(f"unknown host operation {name!r}; available: {', '.join(sorted(HOST_OPS))}") from None
+
+
+TEXT = "text"
+
+
+@host_op(TEXT, FILE)
+def _text(host, spec: str, what: str = "perplexity text"):
+    """A text file a recipe names (relative to the recipe, or `llama.cpp:PATH` in the run's source)."""
+    return host.resolve_text(spec, what)
 
 
 def register(cls: type[Kind]) -> type[Kind]:

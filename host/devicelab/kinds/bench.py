@@ -201,8 +201,8 @@ def affinity(P: dict, facts: dict, device: str) -> tuple[str | None, int, dict]:
     if name in factsmod.MASK_NAMES:
         cpus = factsmod.named_cpus(name, facts)
         if cpus is None:
-            raise SkipCell(f"{device} has no big.LITTLE clusters to pick '{name}' from (its cpufreq max "
-                           "frequencies are all equal or unreadable)")
+            raise SkipCell(f"{device} has no big.LITTLE clusters to pick '{name}' from (the max clocks of its "
+                           "CPUs are all equal or unreadable)")
         mask = factsmod.mask_hex(cpus)
         prov["cpu_mask"] = f"{name}={mask}"
     elif name:

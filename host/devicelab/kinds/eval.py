@@ -10,8 +10,12 @@ prompt logprobs, so lm-eval would score those tasks at chance."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
 import re
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -19,10 +23,28 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
+from .. import paths
 from ..errors import DevicelabError
+from ..recipe_paths import resolve_include, resolve_text
 from ..schema import Row, missing
 from ..telemetry.normalize import Phase
-from .base import DEVICE, HOST, SERVED, Artifacts, Kind, Parsed, Prepared, Spec, log_safe_threads, plain, register
+from .base import (
+    DATA,
+    DEVICE,
+    HOST,
+    SERVED,
+    TEXT,
+    TREE,
+    Artifacts,
+    Kind,
+    Parsed,
+    Prepared,
+    Spec,
+    host_op,
+    log_safe_threads,
+    plain,
+    register,
+)
 
 ROUTES = {"device-mc": DEVICE, "server-generate": SERVED, "host-loglikelihood": HOST}
 FLAGS = {"hellaswag": ("--hellaswag", "--hellaswag-tasks"), "winogrande": ("--winogrande", "--winogrande-tasks"),
@@ -75,12 +97,6 @@ class EvalSpec(Spec):
         if self.n_gpu_layers is not None and self.route != "host-loglikelihood":   # set: a new cell
             out["n_gpu_layers"] = self.n_gpu_layers
         return out
-
-
-def resolve_include(spec: str, recipe_dir: Path) -> Path:
-    """An lm-eval task folder named in a recipe: relative paths are relative to the recipe's folder."""
-    p = Path(spec).expanduser()
-    return p if p.is_absolute() else Path(recipe_dir) / p
 
 
 def device_mc_argv(tool: str, model: str, data: str, P: dict, threads: int) -> list[str]:
@@ -139,6 +155,50 @@ def keep(res: dict) -> dict:
     return {k: res.get(k) for k in ("results", "configs", "n-samples", "versions")}
 
 
+# ---- host work: the task files, and log-likelihood scores on the host once per file ----
+TASKS, HOST_EVAL = "eval-tasks", "eval-host"
+
+
+@host_op(TASKS, TREE)
+def task_files(host, P: dict):
+    """The recipe's folder of lm-eval task YAMLs (None: lm-eval's own tasks only)."""
+    return resolve_include(P["include"], host.recipe_dir) if P.get("include") else None
+
+
+@host_op(HOST_EVAL, DATA)
+def host_eval(host, model: str, quant: str, P: dict) -> dict:
+    """lm-eval log-likelihood tasks on the host through llama-cpp-python, once per (file, tasks, task files,
+    limit, ctx, engine versions): every device of a recipe shares the file's score."""
+    from .. import lmeval
+
+    qf = host.quant(model, quant)
+    include = task_files(host, P)
+    files = (sorted(p for p in include.rglob("*") if p.is_file() and not p.name.endswith(".sha256.json"))
+             if include else [])
+    versions = lmeval.versions()
+    tasks_digest = [(str(p.relative_to(include)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
+    key = hashlib.sha256(
+        json.dumps([qf.sha256, tasks_digest, P["lm_tasks"], P.get("limit"), P["ctx"], versions]).encode()
+    ).hexdigest()[:16]
+    out = paths.sub("evals") / f"{model}-{quant}-host-{key}.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    host.ev.stage(f"lm-eval {', '.join(P['lm_tasks'])} on the host (llama-cpp-python) for {model} {quant}")
+    t0 = time.time()
+    with host.cpu.work(f"lm-eval {model} {quant} (host)"):
+        # one core left free: llama.cpp's OpenMP threads spin at barriers, and one thread per core
+        # with anything else running slows scoring ~30× (this 2-core VM: 0.24 s vs 7.8 s a request)
+        lm = lmeval.host_lm(qf.path, P["ctx"], P.get("threads") or max(1, (os.cpu_count() or 2) - 1))
+        res = lmeval.evaluate("host-loglikelihood", lm, P["lm_tasks"], include, P.get("limit"))
+    kept = keep(res)
+    kept["provenance"] = {**lm.provenance, **versions, "seconds": time.time() - t0}
+    text = json.dumps(kept, default=str)
+    tmp = out.with_suffix(".part")
+    tmp.write_text(text)
+    tmp.rename(out)
+    return json.loads(text)  # the same shape as a cached result
+
+
 @register
 class Eval(Kind):
     name = "eval"
@@ -165,7 +225,6 @@ class Eval(Kind):
         score it honestly."""
         from .. import lmeval
         if spec.route == "device-mc":
-            from ..runner.host import resolve_text
             if not spec.data.startswith("llama.cpp:"):
                 resolve_text(spec.data, None, recipe_dir, what="eval data")
             return
@@ -185,7 +244,7 @@ class Eval(Kind):
         threads = P.get("threads") or cx.facts.get("cpu_count") or 1
         if P["route"] == "device-mc":
             threads = P.get("threads") or log_safe_threads(cx.facts)        # its score is in its log lines
-            data = cx.host.resolve_text(P["data"], what="eval data")
+            data = cx.host_op(TEXT, P["data"], "eval data")
             return Prepared([("main", device_mc_argv(cx.tool("llama-perplexity"), cx.model(), cx.push(data), P,
                                                      threads))])
         slots = P["slots"]
@@ -199,11 +258,11 @@ class Eval(Kind):
         from .. import lmeval
         P = cell.params
         client = lmeval.server_client(url, P["chat"], P["slots"], cell.model)
-        res = lmeval.evaluate("server-generate", client, P["lm_tasks"], cx.host.include(P), P.get("limit"))
+        res = lmeval.evaluate("server-generate", client, P["lm_tasks"], cx.host_op(TASKS, P), P.get("limit"))
         return {"result": keep(res), "counters": prometheus(url + "/metrics")}
 
     def on_host(self, cx, cell):
-        return cx.host.host_eval(cell.model, cell.quant, cell.params)
+        return cx.host_op(HOST_EVAL, cell.model, cell.quant, cell.params)
 
     def complete(self, run, out):
         """device-mc's score is in llama-perplexity's log, whose tail can be lost at exit (upstream 22142): a

@@ -4,15 +4,23 @@ device shows up as device-vs-host KLD > 0)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from .. import paths
+from ..build import backends
 from ..errors import DevicelabError
+from ..hashing import sha256_file
+from ..proc import run_logged
+from ..recipe_paths import resolve_text
 from ..schema import Row, missing
-from .base import Artifacts, Kind, Parsed, Prepared, Spec, gpu_from_log, log_safe_threads, register
+from .base import FILE, Artifacts, Kind, Parsed, Prepared, Spec, gpu_from_log, host_op, log_safe_threads, register
 
 DEFAULT_TEXT = "llama.cpp:docs/build.md"   # ships with the pinned llama.cpp source: on every machine
 
@@ -117,6 +125,47 @@ def _params(P: dict, facts: dict) -> KLDParams:
                      n_gpu_layers=P.get("n_gpu_layers"))
 
 
+# ---- host work: logits made once on the host, per (model file, text, ctx, chunks) ----
+BASE_LOGITS, HOST_LOGITS = "kld-base-logits", "kld-host-logits"
+
+
+def _logits(host, model_file, sha: str, spec: dict, out_name: str, what: str):
+    text = host.resolve_text(spec["text"])
+    key = hashlib.sha256(json.dumps([sha, sha256_file(text), spec["ctx"], spec["chunks"]]).encode()).hexdigest()[:16]
+    out = paths.sub("kld") / f"{out_name}-{key}.kld"
+    meta = out.with_suffix(".json")
+    if out.exists() and meta.exists():
+        return out
+    hb = host.host_build()
+    host.ev.stage(f"{what} (host, once)")
+    p = KLDParams(ctx=spec["ctx"], chunks=spec["chunks"], threads=max(1, os.cpu_count() or 2))
+    log = out.with_suffix(".log")
+    log.write_text("")
+    tmp = out.with_suffix(".part")
+    with host.cpu.work(what):
+        run_logged(base_argv(str(hb.tool("llama-perplexity")), str(model_file), str(text), str(tmp), p), log,
+                   what=f"llama-perplexity ({what})")
+    tmp.rename(out)
+    ppl = parse_base_ppl(log.read_text(errors="replace"))
+    meta.write_text(json.dumps({"ppl_base": ppl, "sha256": sha, "text": str(text), **spec}))
+    return out
+
+
+@host_op(BASE_LOGITS, FILE)
+def base_logits(host, model: str, spec: dict):
+    """The F16 base's logits of the text, on the host, once per (base file, text, ctx, chunks)."""
+    base = host.base(model)
+    return _logits(host, base.path, base.sha256, spec, model, f"KLD base logits for {model}")
+
+
+@host_op(HOST_LOGITS, FILE)
+def host_quant_logits(host, model: str, quant: str, spec: dict):
+    """The same quant file's logits made on the host: the reference a device's run of that file is checked
+    against."""
+    qf = host.quant(model, quant)
+    return _logits(host, qf.path, qf.sha256, spec, f"{model}-{quant}-host", f"host logits of {model} {quant}")
+
+
 @register
 class KLD(Kind):
     name = "kld"
@@ -134,21 +183,20 @@ class KLD(Kind):
 
     def check(self, spec, recipe_dir):
         if not spec.text.startswith("llama.cpp:"):
-            from ..runner.host import resolve_text
             resolve_text(spec.text, None, recipe_dir)
 
     def prepare(self, cx, cell):
         P = cell.params
         tool = cx.tool("llama-perplexity")
         model = cx.model()
-        logits = cx.host.kld_base(cell.model, P)
+        logits = cx.host_op(BASE_LOGITS, cell.model, P)
         kp = _params(P, cx.facts)
         runs = [("main", kld_argv(tool, model, cx.push(logits), kp))]
         check = P.get("host_check")
         if check is None:
-            check = not cx.same_build_as_host or P.get("backend") not in (None, "cpu")
+            check = not cx.same_build_as_host or P.get("backend") not in (None, backends.CPU)
         if check:
-            runs.append(("check", kld_argv(tool, model, cx.push(cx.host.host_quant_logits(cell.model, cell.quant, P)),
+            runs.append(("check", kld_argv(tool, model, cx.push(cx.host_op(HOST_LOGITS, cell.model, cell.quant, P)),
                                            kp)))
         return Prepared(runs)
 

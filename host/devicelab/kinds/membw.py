@@ -10,7 +10,16 @@ from pydantic import Field
 
 from ..errors import DevicelabError
 from ..schema import Row
-from .base import Artifacts, Kind, Parsed, Prepared, Spec, register, timed_lines
+from .base import FILE, Artifacts, Kind, Parsed, Prepared, Spec, host_op, register, timed_lines
+
+EXE = "membw-exe"
+
+
+@host_op(EXE, FILE, mode=0o755)
+def membw_exe(host, manifest: dict):
+    """device_payloads/membw.c built for a build's target (its manifest), on the host."""
+    from ..build import payloads
+    return payloads.ensure_c_payload("membw", manifest, "bandwidth")
 
 
 class MembwSpec(Spec):
@@ -43,7 +52,8 @@ class Membw(Kind):
 
     def prepare(self, cx, cell):
         P = cell.params
-        return Prepared([("main", [cx.membw(), "-m", str(P["mib"]), "-r", str(P["repetitions"]),
+        exe = cx.push(cx.host_op(EXE, cx.build.manifest), mode="755", name="membw")
+        return Prepared([("main", [exe, "-m", str(P["mib"]), "-r", str(P["repetitions"]),
                                    "-t", str(P.get("threads") or cx.facts.get("cpu_count") or 1)])])
 
     def parse(self, a: Artifacts) -> Parsed:

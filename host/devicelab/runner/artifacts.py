@@ -2,9 +2,10 @@
 same function, so every row in the ledger can always be re-derived with today's parsers.
 
 The folder (labdata/artifacts/<cell>/attempt-N/) holds what the device printed (stdout.tsv, stderr.txt,
-clock, telemetry.csv, powermetrics.plist, snapshot texts; a second run's in a subfolder named after it),
-the JSON documents a served or host cell produced, and cell.json: the cell's params and the provenance
-known when it ran (build, device facts, model file, conditions, cooldown, calibration prior)."""
+clock, telemetry.csv, the files telemetry sources wrote beside it, snapshot texts; a second run's in a
+subfolder named after it), the JSON documents a served or host cell produced, and cell.json: the cell's
+params and the provenance known when it ran (build, device facts, model file, conditions, cooldown,
+calibration prior)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 from .. import kinds
 from ..kinds.base import Artifacts, RunOutput
 from ..schema import Row
-from ..telemetry import normalize, parsers, sampler_csv, snapshots
+from ..telemetry import normalize, sampler_csv, snapshots, sources
 
 CELL_JSON = "cell.json"
 
@@ -76,34 +77,35 @@ def derive(base: Path) -> tuple[list[Row], dict]:
     ctx.update(parsed.context)
     calibration: dict = {}
     if meta.get("telemetry"):
-        cell_window = a.main.window
-        trace = sampler_csv.parse(_read(base / "telemetry.csv"))
-        pmf = base / "powermetrics.plist"
-        nvf = base / "nvidia-smi.csv"
-        summ = normalize.summarize(trace, parsed.phases, cell_window,
-                                   parsers.powermetrics(pmf.read_bytes()) if pmf.is_file() else None,
-                                   prior_calibration=meta.get("prior_calibration"),
-                                   nv=parsers.nvidia_smi(_read(nvf)) if nvf.is_file() else None)
-        snap_start_rows, snap_start = snapshots.from_artifacts(base, "start")
-        snap_end_rows, snap_end = snapshots.from_artifacts(base, "end")
-        rows += summ.rows + snap_start_rows + snap_end_rows
-        ts0 = snap_start.get("dumpsys-thermalservice", {}).get("thermal_status")
-        ts1 = snap_end.get("dumpsys-thermalservice", {}).get("thermal_status")
-        if ts0 is not None and ts1 is not None and ts1 > ts0:
-            summ.throttled = True          # Android's thermal status rose during the cell
-        if cell_window:
-            rows.append(Row(metric="wall_seconds", value=cell_window[1] - cell_window[0], phase="cell"))
-        if meta.get("cooldown"):
-            rows.append(Row(**meta["cooldown"]))
-        if meta.get("baseline") is not None:
-            rows.append(Row(metric="temp_baseline", value=meta["baseline"], phase="cell"))
-        ctx.update(temp_start_c=summ.temp_start_c, temp_end_c=summ.temp_end_c, throttled=summ.throttled,
-                   energy_calibration=summ.calibration or None)
-        calibration = summ.calibration
+        more, calibration = _telemetry_rows(base, meta, parsed.phases, a.main.window, ctx)
+        rows += more
     ctx["recorded_at"] = meta.get("recorded_at")
     for r in rows:
         r.context = ctx
     return rows, calibration
+
+
+def _telemetry_rows(base: Path, meta: dict, phases: list, cell_window: tuple[float, float] | None,
+                    ctx: dict) -> tuple[list[Row], dict]:
+    """The rows of what was measured around the payload: the sampler's trace and the files sources pulled beside
+    it, the snapshots before and after, the cooldown and baseline; the context they add goes into `ctx`."""
+    trace = sampler_csv.parse(_read(base / "telemetry.csv"))
+    summ = normalize.summarize(trace, phases, cell_window, sources.read_pulled(base),
+                               prior_calibration=meta.get("prior_calibration"))
+    snap_start_rows, snap_start = snapshots.from_artifacts(base, "start")
+    snap_end_rows, snap_end = snapshots.from_artifacts(base, "end")
+    rows = summ.rows + snap_start_rows + snap_end_rows
+    if sources.thermal_rose(snap_start, snap_end):
+        summ.throttled = True          # the device's own thermal status rose during the cell
+    if cell_window:
+        rows.append(Row(metric="wall_seconds", value=cell_window[1] - cell_window[0], phase="cell"))
+    if meta.get("cooldown"):
+        rows.append(Row(**meta["cooldown"]))
+    if meta.get("baseline") is not None:
+        rows.append(Row(metric="temp_baseline", value=meta["baseline"], phase="cell"))
+    ctx.update(temp_start_c=summ.temp_start_c, temp_end_c=summ.temp_end_c, throttled=summ.throttled,
+               energy_calibration=summ.calibration or None)
+    return rows, summ.calibration
 
 
 def reparse(led, recipe: str | None = None) -> tuple[int, int, list[str]]:

@@ -1,5 +1,6 @@
-"""One cell, kind-agnostic: prepare (the kind's command lines) → cool down → run under the sampler, with
-its conditions → pull → derive rows from the stored artifacts (the kind's pure parser) → record."""
+"""One cell, kind-agnostic, in three steps over a small state object (`CellRun`): prepare (the kind's command
+lines, the cell's folders) → execute (its conditions, the cooldown, snapshots, the payloads under the sampler,
+their outputs pulled) → record (rows derived from the stored artifacts by the kind's pure parser)."""
 
 from __future__ import annotations
 
@@ -10,22 +11,31 @@ import time
 import urllib.error
 import urllib.request
 from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import facts as factsmod
 from .. import kinds
 from .. import lab as labmod
 from ..errors import DevicelabError, RetryableError
-from ..kinds.base import HOST, SERVED, SkipCell
+from ..kinds.base import HOST, SERVED, Kind, Prepared, SkipCell
 from ..models.gguf_info import ModelInfo
 from ..proc import tail
-from ..telemetry import normalize, snapshots
+from ..schema import Row
+from ..telemetry import snapshots, sources
 from ..transports.base import CommandResult
 from . import artifacts
-from .conditions import Charging, Contention, Powermetrics, Quota
+from .conditions import Contention, Quota
 from .session import DeviceSession, read_pids
 
-PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code", "powermetrics.plist",
-          "nvidia-smi.csv")
+if TYPE_CHECKING:                                   # pragma: no cover
+    from ..plan import Cell
+
+# what run_payload.sh leaves in a cell's device folder, with the files telemetry sources write beside the payload
+PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code", *sources.pulled())
+
+CALIBRATION = "battery-calibration"   # the ledger's device fact: the energy calibration of an earlier cell
 
 
 class CellContext:
@@ -41,8 +51,17 @@ class CellContext:
     def tool(self, name: str) -> str:
         return self.s.tool(name, self.cell.params.get("backend"))
 
-    def push(self, path) -> str:
-        return self.s.push(path)
+    @property
+    def build(self):
+        """The device's build (its manifest says the target a payload is built for)."""
+        return self.s.build
+
+    def push(self, path, mode: str | None = None, name: str | None = None) -> str:
+        return self.s.push(path, mode=mode, name=name)
+
+    def host_op(self, name: str, *args):
+        """A kind's host operation (kinds/base.py), made once per (name, args) by the run's host work."""
+        return self.host.op(name, *args)
 
     def quant_file(self):
         if self.qf is None:
@@ -52,10 +71,6 @@ class CellContext:
     def model(self) -> str:
         qf = self.quant_file()
         return self.s.push(qf.path, qf.sha256, name=qf.path.name)
-
-    def membw(self) -> str:
-        exe = self.host.membw(self.s.build)
-        return self.s.push(exe, mode="755", name="membw")
 
 
 def model_context(host, model: str, qf) -> dict:
@@ -74,17 +89,19 @@ def model_context(host, model: str, qf) -> dict:
 
 def base_context(s: DeviceSession, cell, run_id: str) -> dict:
     on_host = kinds.get(cell.payload).where(cell.params) == HOST       # this host's llama.cpp, not the device's
-    b = s.build if on_host else s.build_for(cell.params.get("backend"))
+    backend = cell.params.get("backend")
+    b = s.build if on_host else s.build_for(backend)
+    c = s.conditions
     return {"run_id": run_id, "cell_id": cell.cell_id, "recipe": cell.recipe, "device": cell.device,
             "target": b.manifest["target"], "model": cell.model, "quant": cell.quant, "payload": cell.payload,
             "build_commit": b.manifest["commit"], "build_flags": b.manifest["flags"], "build_key": b.key,
             "device_facts": factsmod.summary(s.facts), "lab_host": labmod.this_host(),
-            "backend": cell.params.get("backend") or s.default_backend,
-            "gpu_device": next((d for _, d in s.gpu_devices.get(cell.params.get("backend"), [])), None),
+            "backend": backend or s.builds.default_backend,
+            "gpu_device": next((d for _, d in s.builds.gpu_devices.get(backend, [])), None),
             "device_mem_bytes": s.device.ram_budget_bytes or s.facts.get("mem_total_bytes"),
-            "ram_budget_bytes": s.budget.bytes, "ram_budget_source": s.budget.line(),
-            "battery_wh": s.battery_wh, "battery_source": s.battery_source,
-            **s.provenance, **kinds.get(cell.payload).provenance(cell.params)}
+            "ram_budget_bytes": c.budget.bytes, "ram_budget_source": c.budget.line(),
+            "battery_wh": c.battery_wh, "battery_source": c.battery_source,
+            **c.provenance, **kinds.get(cell.payload).provenance(cell.params)}
 
 
 # a run whose output lost its last lines (llama.cpp's logger is not flushed at exit: upstream issue 22142) is run
@@ -92,133 +109,208 @@ def base_context(s: DeviceSession, cell, run_id: str) -> dict:
 LOST_TAIL_RERUNS = 4
 
 
+@dataclass
+class CellRun:
+    """One cell's run, as its steps fill it in."""
+    s: DeviceSession
+    cell: Cell
+    run_id: str
+    interval_ms: int
+    kind: Kind = field(init=False)
+    cx: CellContext = field(init=False)
+    prep: Prepared | None = None
+    attempt: int = 0                         # the cell's attempt number: its artifacts' folder
+    base: Path | None = None                 # the attempt's artifacts here …
+    remote: str = ""                         # … and on the device
+    env: dict = field(default_factory=dict)              # run_payload.sh's environment
+    provenance: dict = field(default_factory=dict)       # row columns: what prepare and the conditions resolved
+    data: list[str] = field(default_factory=list)        # the JSON documents the run produced (served)
+    reruns: list[str] = field(default_factory=list)      # runs repeated for a lost tail
+    prior: dict | None = None                # the device's energy calibration before this cell
+    cooldown: Row | None = None
+    own: str = ""                            # this cell in the host's CPU activity …
+    host_window: tuple[float, float] = (0.0, 0.0)        # … and when it measured, host clock
+
+    def __post_init__(self):
+        self.kind = kinds.get(self.cell.payload)
+        self.cx = CellContext(self.s, self.cell)
+
+
+@dataclass
+class Payload:
+    """One of a cell's command lines, run through run_payload.sh."""
+    name: str                                # 'main' or the kind's name for a further run
+    argv: list[str]
+    runner: list[str]                        # run_payload.sh's command line around it
+    remote: str                              # its outputs on the device …
+    local: Path                              # … and here
+
+
 def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:
     """Run one cell to the end: done (rows recorded), skipped (with its reason), or an exception that
     the lane records as this cell's failure."""
-    kind = kinds.get(cell.payload)
-    led = s.ledger
-    cx = CellContext(s, cell)
-    if kind.where(cell.params) == HOST:
-        attempt, _ = led.begin_cell(cell.cell_id, run_id)
-        base = led.artifacts_dir / cell.cell_id / f"attempt-{attempt}"
-        base.mkdir(parents=True, exist_ok=True)
-        result = kind.on_host(cx, cell)
-        (base / "host.json").write_text(json.dumps(result, default=str))
-        ctx = base_context(s, cell, run_id)
-        if cx.qf is None and cell.model != "-":
-            cx.quant_file()
-        if cx.qf is not None:
-            ctx.update(model_context(s.host, cell.model, cx.qf))
-        artifacts.write_meta(base, {"payload": cell.payload, "params": cell.params, "facts": s.facts, "runs": [],
-                                    "data": ["host"], "telemetry": False, "context": ctx,
-                                    "recorded_at": _now()})
-        rows, _ = artifacts.derive(base)
-        led.finish_cell(cell.cell_id, rows)
-        return
-    try:
-        prep = kind.prepare(cx, cell)
-    except SkipCell as e:
-        led.begin_cell(cell.cell_id, run_id)
-        led.skip_cell(cell.cell_id, str(e))
-        return
-    attempt, prev = led.begin_cell(cell.cell_id, run_id)
-    if prev:                                        # a previous attempt was cut off: stop what it left running
-        for pids in read_pids(s.t, prev).values():
-            for pid in pids:
-                s.t.run(["kill", pid])
-    t = s.t
-    base_remote = posixpath.join(t.workdir(), "cells", cell.cell_id, f"attempt-{attempt}")
-    base = led.artifacts_dir / cell.cell_id / f"attempt-{attempt}"
-    led.set_artifacts(cell.cell_id, base_remote)
-    served = kind.where(cell.params) == SERVED
-    data: list[str] = []
-    prov: dict = dict(prep.provenance)
-    prior = led.device_fact(s.name, "battery-calibration")
-    with ExitStack() as conds:
-        env = {**s.device.env, **prep.env}
-        if "nvidia-smi" in s.snap_tools:      # the GPUs' own telemetry beside the payload
-            env["DEVICELAB_NVIDIA_SMI"] = "1"
-        pending = lambda on: led.set_device_fact(s.name, "battery-unplugged", on)   # noqa: E731
-        try:
-            for c in ([Quota(t, s.kit, cell.cell_id, float(prep.quota), s.name)] if prep.quota else []) + \
-                    [Contention(prep.contention), Powermetrics(s.powermetrics)]:
-                conds.enter_context(c)
-                env.update(c.env)
-                prov.update({k: v for k, v in c.provenance.items() if k not in prov})
-        except SkipCell as e:
-            led.skip_cell(cell.cell_id, str(e))
-            return
-        cooldown = s.cooldown()
-        conds.enter_context(Charging(t, s.snap_tools, pending))
-        base.mkdir(parents=True, exist_ok=True)
-        snap_start = snapshots.take(t, s.snap_tools, "start", base)
-        if snap_start.get("dumpsys-power", {}).get("screen_on"):
-            s.warn("its screen is on: turn it off for measurements (the display draws power and heats the "
-                   "phone); its state is recorded with every cell", key="screen")
-        cpu = s.host.cpu
-        t0 = time.time()
-        own = f"{s.name} measuring" if s.measures_on_host else f"{s.name} cell"
-        reruns: list[str] = []
-        with (cpu.measure(own) if s.measures_on_host else cpu.activity(own)):
-            for name, argv in prep.runs:
-                remote_out = base_remote if name == "main" else posixpath.join(base_remote, name)
-                local_out = artifacts.run_dir(base, name)
-                runner = ["sh", f"{s.kit}/run_payload.sh", remote_out, str(interval_ms),
-                          s.device.telemetry_root, "--", *s.device.exec_prefix, *argv]
-                s.current_remote = remote_out
-                try:
-                    if served and name == "main":
-                        result = _serve_and_drive(s, kind, cx, cell, runner, env, remote_out, local_out, argv)
-                        (base / "served.json").write_text(json.dumps(result, default=str))
-                        data.append("served")
-                    else:
-                        for attempt in range(1 + LOST_TAIL_RERUNS):
-                            res = t.run(runner, timeout=6 * 3600, env=env or None)
-                            _pull(s, res, runner, env, remote_out, local_out, cell, argv[0])
-                            if kind.complete(name, artifacts.read_run(base, name)):
-                                break
-                            reruns.append(name)
-                            s.ev.stage(f"{cell.label()}: {posixpath.basename(argv[0])} exited 0 but its last "
-                                       "lines were lost (llama.cpp issue 22142): running it again")
-                finally:
-                    s.current_remote = None
-        t1 = time.time()
-        snapshots.take(t, s.snap_tools, "end", base)
-    ctx = base_context(s, cell, run_id)
-    ctx.update(prov)
-    ctx["host_activity"] = cpu.during(t0, t1, exclude=own) or None
-    if cx.qf is not None:
-        ctx.update(model_context(s.host, cell.model, cx.qf))
-    artifacts.write_meta(base, {"payload": cell.payload, "params": cell.params, "facts": s.facts,
-                                "runs": [n for n, _ in prep.runs], "data": data, "telemetry": True,
-                                "context": ctx, "cooldown": artifacts.row_dict(cooldown), "baseline": s.baseline,
-                                "prior_calibration": prior, "recorded_at": _now(),
-                                "reruns_lost_tail": reruns})
-    rows, calibration = artifacts.derive(base)
-    (base / "calibration.json").write_text(json.dumps(calibration, default=str))
+    r = CellRun(s, cell, run_id, interval_ms)
+    if r.kind.where(cell.params) == HOST:
+        _run_on_host(r)
+    elif _prepare(r) and _execute(r):
+        _record(r)
+
+
+def _run_on_host(r: CellRun) -> None:
+    """A host cell: the kind's whole cell on this host, its result recorded like a device cell's artifacts."""
+    s, cell, led = r.s, r.cell, r.s.ledger
+    r.attempt, _ = led.begin_cell(cell.cell_id, r.run_id)
+    base = led.artifacts_dir / cell.cell_id / f"attempt-{r.attempt}"
+    base.mkdir(parents=True, exist_ok=True)
+    result = r.kind.on_host(r.cx, cell)
+    (base / "host.json").write_text(json.dumps(result, default=str))
+    ctx = base_context(s, cell, r.run_id)
+    if r.cx.qf is None and cell.model != "-":
+        r.cx.quant_file()
+    if r.cx.qf is not None:
+        ctx.update(model_context(s.host, cell.model, r.cx.qf))
+    artifacts.write_meta(base, {"payload": cell.payload, "params": cell.params, "facts": s.facts, "runs": [],
+                                "data": ["host"], "telemetry": False, "context": ctx, "recorded_at": _now()})
+    rows, _ = artifacts.derive(base)
     led.finish_cell(cell.cell_id, rows)
-    if calibration.get("method") in {n for n, _ in normalize.COUNTERS}:
+
+
+# ---------------------------------------------------------------- prepare
+def _prepare(r: CellRun) -> bool:
+    """The kind's command lines and the attempt's folders; False when the kind skips the cell."""
+    s, cell, led = r.s, r.cell, r.s.ledger
+    try:
+        r.prep = r.kind.prepare(r.cx, cell)
+    except SkipCell as e:
+        led.begin_cell(cell.cell_id, r.run_id)
+        led.skip_cell(cell.cell_id, str(e))
+        return False
+    r.attempt, prev = led.begin_cell(cell.cell_id, r.run_id)
+    if prev:                                        # a previous attempt was cut off: stop what it left running
+        s.link.stop(prev)
+    r.remote = posixpath.join(s.t.workdir(), "cells", cell.cell_id, f"attempt-{r.attempt}")
+    r.base = led.artifacts_dir / cell.cell_id / f"attempt-{r.attempt}"
+    led.set_artifacts(cell.cell_id, r.remote)
+    r.provenance = dict(r.prep.provenance)
+    r.prior = led.device_fact(s.name, CALIBRATION)
+    return True
+
+
+# ---------------------------------------------------------------- execute
+def _execute(r: CellRun) -> bool:
+    """Under the cell's conditions, after the cooldown: snapshots, the payloads under the sampler, snapshots.
+    False when a condition cannot be had (the cell is skipped, saying why)."""
+    s = r.s
+    found = s.conditions.sources
+    with ExitStack() as conds:
+        r.env = {**s.device.env, **r.prep.env, **found.env()}
+        try:
+            _enter_conditions(r, conds)
+        except SkipCell as e:
+            s.ledger.skip_cell(r.cell.cell_id, str(e))
+            return False
+        r.cooldown = s.conditions.cooldown()
+        for around in found.around():                # the sources' own, entered after the cooldown
+            conds.enter_context(around)
+        r.base.mkdir(parents=True, exist_ok=True)
+        found.check(snapshots.take(s.t, found.tools, "start", r.base))
+        _measure(r)
+        snapshots.take(s.t, found.tools, "end", r.base)
+    return True
+
+
+def _enter_conditions(r: CellRun, conds: ExitStack) -> None:
+    s, prep = r.s, r.prep
+    quota = [Quota(s.t, s.link.kit, r.cell.cell_id, float(prep.quota), s.name)] if prep.quota else []
+    for c in [*quota, Contention(prep.contention)]:
+        conds.enter_context(c)
+        r.env.update(c.env)
+        r.provenance.update({k: v for k, v in c.provenance.items() if k not in r.provenance})
+
+
+def _measure(r: CellRun) -> None:
+    """The cell's command lines, in order, while this host's CPUs are the measurement's (or noted as busy)."""
+    s = r.s
+    cpu = s.host.cpu
+    t0 = time.time()
+    r.own = f"{s.name} measuring" if s.measures_on_host else f"{s.name} cell"
+    with (cpu.measure(r.own) if s.measures_on_host else cpu.activity(r.own)):
+        for name, argv in r.prep.runs:
+            remote = r.remote if name == "main" else posixpath.join(r.remote, name)
+            runner = ["sh", f"{s.link.kit}/run_payload.sh", remote, str(r.interval_ms), s.device.telemetry_root,
+                      "--", *s.device.exec_prefix, *argv]
+            _run_payload(r, Payload(name, argv, runner, remote, artifacts.run_dir(r.base, name)))
+    r.host_window = (t0, time.time())
+
+
+def _run_payload(r: CellRun, p: Payload) -> None:
+    s = r.s
+    s.current_remote = p.remote
+    try:
+        if r.kind.where(r.cell.params) == SERVED and p.name == "main":
+            result = _serve_and_drive(r, p)
+            (r.base / "served.json").write_text(json.dumps(result, default=str))
+            r.data.append("served")
+        else:
+            _run_to_the_end(r, p)
+    finally:
+        s.current_remote = None
+
+
+def _run_to_the_end(r: CellRun, p: Payload) -> None:
+    """Run it, and again (LOST_TAIL_RERUNS times at most) while its output lost its last lines."""
+    for _try in range(1 + LOST_TAIL_RERUNS):
+        res = r.s.t.run(p.runner, timeout=6 * 3600, env=r.env or None)
+        _pull(r, p, res)
+        if r.kind.complete(p.name, artifacts.read_run(r.base, p.name)):
+            break
+        r.reruns.append(p.name)
+        r.s.ev.stage(f"{r.cell.label()}: {posixpath.basename(p.argv[0])} exited 0 but its last "
+                     "lines were lost (llama.cpp issue 22142): running it again")
+
+
+def _pull(r: CellRun, p: Payload, res: CommandResult) -> None:
+    p.local.mkdir(parents=True, exist_ok=True)
+    (p.local / "argv.json").write_text(json.dumps({"argv": p.runner, "env": r.env}))
+    r.s.t.get_many(p.remote, PULLED, p.local)
+    err = p.local / "stderr.txt"
+    stderr = err.read_text(errors="replace") if err.exists() else res.stderr
+    if res.rc != 0:
+        label = r.cell.label()
+        if not (p.local / "exit_code").exists():
+            raise RetryableError(f"{label}: the payload runner did not finish ({res.stderr.strip()[:200]})")
+        raise DevicelabError(f"{label}: {posixpath.basename(p.argv[0])} exited {res.rc}: {tail(stderr, 3)[:300]}")
+
+
+# ---------------------------------------------------------------- record
+def _record(r: CellRun) -> None:
+    """The cell's provenance and artifacts' description (cell.json), its rows derived from them, into the
+    ledger; the device's energy calibration when this cell could make one."""
+    s, cell, led = r.s, r.cell, r.s.ledger
+    ctx = base_context(s, cell, r.run_id)
+    ctx.update(r.provenance)
+    ctx["host_activity"] = s.host.cpu.during(*r.host_window, exclude=r.own) or None
+    if r.cx.qf is not None:
+        ctx.update(model_context(s.host, cell.model, r.cx.qf))
+    artifacts.write_meta(r.base, {"payload": cell.payload, "params": cell.params, "facts": s.facts,
+                                  "runs": [n for n, _ in r.prep.runs], "data": r.data, "telemetry": True,
+                                  "context": ctx, "cooldown": artifacts.row_dict(r.cooldown),
+                                  "baseline": s.conditions.baseline, "prior_calibration": r.prior,
+                                  "recorded_at": _now(), "reruns_lost_tail": r.reruns})
+    rows, calibration = artifacts.derive(r.base)
+    (r.base / "calibration.json").write_text(json.dumps(calibration, default=str))
+    led.finish_cell(cell.cell_id, rows)
+    if sources.keeps_calibration(calibration):
         # the battery's counter moved during this cell: the device's calibration from now on, for cells
         # too short for its counter to move
-        led.set_device_fact(s.name, "battery-calibration", {**calibration, "cell": cell.cell_id})
+        led.set_device_fact(s.name, CALIBRATION, {**calibration, "cell": cell.cell_id})
 
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _pull(s: DeviceSession, res: CommandResult, runner, env, remote_out, local_out, cell, tool) -> None:
-    local_out.mkdir(parents=True, exist_ok=True)
-    (local_out / "argv.json").write_text(json.dumps({"argv": runner, "env": env}))
-    s.t.get_many(remote_out, PULLED, local_out)
-    err = local_out / "stderr.txt"
-    stderr = err.read_text(errors="replace") if err.exists() else res.stderr
-    if res.rc != 0:
-        if not (local_out / "exit_code").exists():
-            raise RetryableError(f"{cell.label()}: the payload runner did not finish ({res.stderr.strip()[:200]})")
-        raise DevicelabError(f"{cell.label()}: {posixpath.basename(tool)} exited {res.rc}: {tail(stderr, 3)[:300]}")
-
-
+# ---------------------------------------------------------------- a served cell
 def _device_clock(s: DeviceSession) -> float | None:
     """The sampler's clock (device uptime) now, to place host-side events in its trace."""
     r = s.t.run(["cat", "/proc/uptime"], timeout=30)
@@ -237,20 +329,20 @@ def _payload_pid(s: DeviceSession, remote_out: str) -> str | None:
     return None
 
 
-def _serve_and_drive(s: DeviceSession, kind, cx, cell, runner, env, remote_out, local_out, argv) -> dict:
+def _serve_and_drive(r: CellRun, p: Payload) -> dict:
     """The server on the device under the sampler (a host thread waits on it), the kind's driver on the host
     through a forwarded port, then the server is stopped and its artifacts pulled like any payload's."""
-    t = s.t
-    port = int(argv[argv.index("--port") + 1])
+    s, t = r.s, r.s.t
+    port = int(p.argv[p.argv.index("--port") + 1])
     box: dict = {}
 
     def serve():
         try:
-            box["res"] = t.run(runner, timeout=6 * 3600, env=env or None)
+            box["res"] = t.run(p.runner, timeout=6 * 3600, env=r.env or None)
         except BaseException as e:  # noqa: BLE001 - re-raised on the lane's thread
             box["err"] = e
 
-    th = threading.Thread(target=serve, daemon=True, name=f"server {cell.cell_id}")
+    th = threading.Thread(target=serve, daemon=True, name=f"server {r.cell.cell_id}")
     th.start()
     marks: dict = {}
     result: dict = {}
@@ -258,49 +350,53 @@ def _serve_and_drive(s: DeviceSession, kind, cx, cell, runner, env, remote_out, 
     try:
         with t.forward(port) as lp:
             url = f"http://127.0.0.1:{lp}"
-            _wait_ready(s, url, th, remote_out, cell, posixpath.basename(argv[0]))
+            _wait_ready(r, p, url, th)
             marks["ready"] = _device_clock(s)
-            result = kind.drive(cx, cell, url)
+            result = r.kind.drive(r.cx, r.cell, url)
             marks["done"] = _device_clock(s)
     except (DevicelabError, OSError) as e:
         failure = e
     finally:
-        try:
-            pid = _payload_pid(s, remote_out)
-            if pid:
-                t.run(["kill", pid])
-                th.join(60)
-                if th.is_alive():
-                    t.run(["kill", "-9", pid])
-        except (DevicelabError, OSError):
-            pass                      # the device is gone: its thread below says so
-        th.join(120)
+        _stop_server(s, p, th)
     if "err" in box:                  # the device side failed (a lost phone/board is retryable)
         raise box["err"] from failure
     if isinstance(failure, OSError):
-        raise RetryableError(f"{cell.label()}: the forwarded port to the server failed: {failure}") from failure
+        raise RetryableError(f"{r.cell.label()}: the forwarded port to the server failed: {failure}") from failure
     if failure is not None:
         raise failure
-    res = box.get("res") or CommandResult(runner, 124, "", "the server did not stop")
+    res = box.get("res") or CommandResult(p.runner, 124, "", "the server did not stop")
     if res.rc in (130, 143):             # stopped by us (SIGINT/SIGTERM): the payload's normal end here
         res = CommandResult(res.argv, 0, res.stdout, res.stderr)
-    _pull(s, res, runner, env, remote_out, local_out, cell, argv[0])
+    _pull(r, p, res)
     return {**result, "marks": marks}
 
 
-def _wait_ready(s: DeviceSession, url: str, th: threading.Thread, remote_out: str, cell, server: str,
-                timeout: float = 900) -> None:
+def _stop_server(s: DeviceSession, p: Payload, th: threading.Thread) -> None:
+    try:
+        pid = _payload_pid(s, p.remote)
+        if pid:
+            s.t.run(["kill", pid])
+            th.join(60)
+            if th.is_alive():
+                s.t.run(["kill", "-9", pid])
+    except (DevicelabError, OSError):
+        pass                      # the device is gone: its thread says so
+    th.join(120)
+
+
+def _wait_ready(r: CellRun, p: Payload, url: str, th: threading.Thread, timeout: float = 900) -> None:
+    server = posixpath.basename(p.argv[0])
     t0 = time.time()
     while time.time() - t0 < timeout:
         if not th.is_alive():
-            err = s.t.read_text(posixpath.join(remote_out, "stderr.txt")) or ""
+            err = r.s.t.read_text(posixpath.join(p.remote, "stderr.txt")) or ""
             last = " | ".join(ln.strip() for ln in tail(err, 3).splitlines() if ln.strip())
-            raise DevicelabError(f"{cell.label()}: {server} exited before it was ready: {last[:300]}")
+            raise DevicelabError(f"{r.cell.label()}: {server} exited before it was ready: {last[:300]}")
         try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                if r.status == 200:
+            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                if resp.status == 200:
                     return
         except (urllib.error.URLError, OSError, ValueError):
             pass
         time.sleep(0.5)
-    raise RetryableError(f"{cell.label()}: {server} was not ready after {timeout:.0f}s")
+    raise RetryableError(f"{r.cell.label()}: {server} was not ready after {timeout:.0f}s")

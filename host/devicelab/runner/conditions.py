@@ -1,6 +1,7 @@
 """Measurement conditions as context managers that record their own provenance (pyperf's hooks): each
 sets up what it promises on entry, puts the device back on exit — on success, failure or Ctrl-C — and
-says in `provenance` (row columns) and `env` (for run_payload.sh) what it did."""
+says in `provenance` (row columns) and `env` (for run_payload.sh) what it did. The telemetry sources bring their
+own (charging hygiene, what runs beside the payload): telemetry/sources/."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import posixpath
 from typing import Callable
 
 from ..kinds.base import SkipCell
-from ..telemetry import snapshots
 from ..transports.base import Transport, quote_argv
 
 
@@ -64,33 +64,8 @@ class Contention(Condition):
             self.env["DEVICELAB_CONTENTION"] = str(n)
 
 
-class Powermetrics(Condition):
-    """macOS: powermetrics beside the payload, where the SSH user may run it ('root' or 'sudo')."""
-
-    def __init__(self, access: str):
-        super().__init__()
-        if access:
-            self.env["DEVICELAB_POWERMETRICS"] = access
-
-
-class Charging(Condition):
-    """Android: `dumpsys battery unplug` for the measurement, `reset` afterwards, always; a device lost
-    while unplugged stays on record (`pending`) and is reset at the next contact."""
-
-    def __init__(self, t: Transport, tools: set[str], pending: Callable[[bool], None]):
-        super().__init__()
-        self.h = snapshots.ChargingHygiene(t, tools, pending=pending)
-
-    def __enter__(self):
-        self.h.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.h.__exit__(*exc)
-
-
 class Governor(Condition):
-    """Pin every cpufreq policy (directly, or through `su -c` on a rooted phone) for a device's cells and
+    """Pin every CPU clock policy's governor (directly, or through `su -c` on a rooted phone) for a device's cells and
     put the old governors back afterwards; `governor` in every row says pinned or why not."""
 
     def __init__(self, t: Transport, kit: str, wanted: str, telemetry_root: str, warn: Callable[[str], None]):

@@ -1,44 +1,24 @@
 """Host-side shared work, done once per key however many lanes ask at once: the llama.cpp builds made
-here, model files, quant ladders, KLD base logits, host logits of a quant, host evals. And the host's own
+here, model files, quant ladders, and the kinds' own host operations (kinds/base.py: base logits, host
+evals, …). And the host's own
 CPUs as a resource: a device that measures on them (this machine) measures alone, while other lanes'
 host-side steps wait; every cell records what else the lab ran on the host during it."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from .. import paths
+from .. import kinds, recipe_paths
 from ..build import cache as buildcache
 from ..build import source as sourcemod
 from ..build import targets
 from ..errors import DevicelabError
-from ..hashing import sha256_file
-from ..kinds import kld as kldk
 from ..models import convert, gguf_info, store
 from ..models.ladder import Ladder
-from ..proc import run_logged
-
-
-def resolve_text(spec: str, src: sourcemod.Source | None, base: Path | None = None, what: str = "perplexity text"
-                 ) -> Path:
-    if spec.startswith("llama.cpp:"):
-        if src is None:
-            raise DevicelabError(f"{what} {spec}: the llama.cpp source is not resolved yet")
-        p = src.path / spec[len("llama.cpp:"):]
-    else:
-        p = Path(spec).expanduser()
-        if not p.is_absolute() and base is not None and (base / p).exists():
-            p = base / p            # relative paths in a recipe are relative to the recipe file
-    if not p.is_file():
-        raise DevicelabError(f"{what} {spec} not found; give a text file path (relative to the recipe) or "
-                             "'llama.cpp:RELATIVE/PATH'")
-    return p
 
 
 class HostCPUs:
@@ -168,11 +148,7 @@ class HostWork:
         return self.once(("model-sha", name), lambda: gguf_info.content_sha256(self.model_path(name)))
 
     def resolve_text(self, spec: str, what: str = "perplexity text") -> Path:
-        return resolve_text(spec, self.src, self.recipe_dir, what)
-
-    def include(self, P: dict) -> Path | None:
-        from ..kinds.eval import resolve_include
-        return resolve_include(P["include"], self.recipe_dir) if P.get("include") else None
+        return recipe_paths.resolve_text(spec, self.src, self.recipe_dir, what)
 
     # ---- builds made here ----
     def build(self, tgt: targets.Target) -> buildcache.Build:
@@ -187,10 +163,6 @@ class HostWork:
 
     def host_build(self) -> buildcache.Build:
         return self.build(targets.local_native())
-
-    def membw(self, build) -> Path:
-        from ..build import payloads as bpay
-        return self.once(("membw", build.key), lambda: bpay.ensure_membw(build))
 
     # ---- ladders ----
     def ladder(self, model: str) -> Ladder:
@@ -236,85 +208,9 @@ class HostWork:
                     return lad.base()
             return self.once(("base", model), make)
 
-    # ---- logits ----
-    def _logits(self, model_file: Path, sha: str, spec: dict, out_name: str, what: str) -> tuple[Path, float | None]:
-        text = self.resolve_text(spec["text"])
-        key = hashlib.sha256(json.dumps([sha, sha256_file(text), spec["ctx"], spec["chunks"]]).encode()
-                             ).hexdigest()[:16]
-        d = paths.sub("kld")
-        out = d / f"{out_name}-{key}.kld"
-        meta = out.with_suffix(".json")
-
-        def make():
-            if out.exists() and meta.exists():
-                return out, json.loads(meta.read_text()).get("ppl_base")
-            hb = self.host_build()
-            self.ev.stage(f"{what} (host, once)")
-            p = kldk.KLDParams(ctx=spec["ctx"], chunks=spec["chunks"], threads=max(1, os.cpu_count() or 2))
-            log = out.with_suffix(".log")
-            log.write_text("")
-            tmp = out.with_suffix(".part")
-            with self.cpu.work(what):
-                run_logged(
-                    kldk.base_argv(str(hb.tool("llama-perplexity")), str(model_file), str(text), str(tmp), p),
-                    log,
-                    what=f"llama-perplexity ({what})",
-                )
-            tmp.rename(out)
-            ppl = kldk.parse_base_ppl(log.read_text(errors="replace"))
-            meta.write_text(json.dumps({"ppl_base": ppl, "sha256": sha, "text": str(text), **spec}))
-            return out, ppl
-
-        return self.once(("logits", str(out)), make)
-
-    def kld_base(self, model: str, spec: dict) -> Path:
-        """Base logits, made once on the host per (base file, text, ctx, chunks)."""
-        base = self.base(model)
-        return self._logits(base.path, base.sha256, spec, model, f"KLD base logits for {model}")[0]
-
-    def host_quant_logits(self, model: str, quant: str, spec: dict) -> Path:
-        """The same quant file's logits made on the host: the reference a device's run of that file is
-        checked against."""
-        qf = self.quant(model, quant)
-        return self._logits(qf.path, qf.sha256, spec, f"{model}-{quant}-host", f"host logits of {model} {quant}")[0]
-
-    # ---- host evals ----
-    def host_eval(self, model: str, quant: str, P: dict) -> dict:
-        """lm-eval log-likelihood tasks on the host through llama-cpp-python, once per (file, tasks, task
-        files, limit, ctx, engine versions): every device of a recipe shares the file's score."""
-        from .. import lmeval
-        from ..kinds.eval import keep
-
-        qf = self.quant(model, quant)
-        include = self.include(P)
-        files = (
-            sorted(p for p in include.rglob("*") if p.is_file() and not p.name.endswith(".sha256.json"))
-            if include
-            else []
-        )
-        versions = lmeval.versions()
-        tasks_digest = [(str(p.relative_to(include)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
-        key = hashlib.sha256(
-            json.dumps([qf.sha256, tasks_digest, P["lm_tasks"], P.get("limit"), P["ctx"], versions]).encode()
-        ).hexdigest()[:16]
-        out = paths.sub("evals") / f"{model}-{quant}-host-{key}.json"
-
-        def make():
-            if out.exists():
-                return json.loads(out.read_text())
-            self.ev.stage(f"lm-eval {', '.join(P['lm_tasks'])} on the host (llama-cpp-python) for {model} {quant}")
-            t0 = time.time()
-            with self.cpu.work(f"lm-eval {model} {quant} (host)"):
-                # one core left free: llama.cpp's OpenMP threads spin at barriers, and one thread per core
-                # with anything else running slows scoring ~30× (this 2-core VM: 0.24 s vs 7.8 s a request)
-                lm = lmeval.host_lm(qf.path, P["ctx"], P.get("threads") or max(1, (os.cpu_count() or 2) - 1))
-                res = lmeval.evaluate("host-loglikelihood", lm, P["lm_tasks"], include, P.get("limit"))
-            kept = keep(res)
-            kept["provenance"] = {**lm.provenance, **versions, "seconds": time.time() - t0}
-            text = json.dumps(kept, default=str)
-            tmp = out.with_suffix(".part")
-            tmp.write_text(text)
-            tmp.rename(out)
-            return json.loads(text)  # the same shape as a cached result
-
-        return self.once(("host-eval", str(out)), make)
+    # ---- the kinds' own host work ----
+    def op(self, name: str, *args):
+        """A kind's host operation (kinds/base.py), made once per (name, args) here."""
+        o = kinds.get_op(name)
+        key = ("op", name, json.dumps(args, sort_keys=True, default=str))
+        return self.once(key, lambda: o.make(self, *args))

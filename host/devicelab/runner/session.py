@@ -1,6 +1,7 @@
-"""DeviceSession: everything one device carries through a run — transport, kit, facts, target, build,
-idle baseline, charging hygiene, governor pin, powermetrics access, warnings — in one object, opened and
-closed as a context. The orchestrator holds no per-device state."""
+"""DeviceSession: what one device carries through a run, opened and closed as a context, in three parts —
+the link (its transport, the kit on it, its facts), the builds (its target, a build per backend, the devices
+each sees, the tools' paths on the device) and the conditions (idle baseline and cooldown, memory budget,
+battery, governor pin, the telemetry sources it has, warnings). The orchestrator holds no per-device state."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from ..build import targets
 from ..hashing import sha256_file
 from ..kinds.base import SkipCell
 from ..schema import Row
-from ..telemetry import normalize, snapshots
+from ..telemetry import sources
 from ..transports import open_transport
 from .conditions import Governor
 
@@ -33,43 +34,35 @@ def target_for(t, device, facts: dict) -> tuple[targets.Target, list[str]]:
     return t.default_target(device, facts)
 
 
-class DeviceSession:
-    def __init__(self, device, ledger, host, events, telemetry, tools: set[str]):
-        self.device, self.ledger, self.host, self.ev, self.telemetry = device, ledger, host, events, telemetry
-        self.name = device.name
-        self.tools_needed = set(tools)
+def read_pids(t, remote_out: str) -> dict[str, list[str]]:
+    """run_payload.sh's pids file ('runner=1 payload=2 sampler=3 spin=4,5'), by role."""
+    out: dict[str, list[str]] = {}
+    for kv in (t.read_text(posixpath.join(remote_out, "pids")) or "").split():
+        k, _, v = kv.partition("=")
+        ids = [p for p in v.split(",") if p.isdigit()]
+        if ids:
+            out[k] = ids
+    return out
+
+
+# ==================================================================== the link
+class Link:
+    """The device as reached: its lab entry, its transport, the kit on it, the facts it told."""
+
+    def __init__(self, device, host):
+        self.device, self.host, self.name = device, host, device.name
         self.t = None
         self.kit = ""
         self.facts: dict = {}
-        self.baseline: float | None = None
-        self.budget = budgetmod.Budget(None, "unknown", "")
-        self.battery_wh: float | None = None
-        self.battery_source = ""
-        self.build = None
-        self.target = None
-        self.default_backend = "cpu"
-        self._builds: dict = {}             # backend -> its build, or the SkipCell saying why it cannot be
-        self.gpu_devices: dict = {}         # backend -> [(name, description)] its build sees
-        self.snap_tools: set[str] = set()
-        self.powermetrics = ""
-        self.provenance: dict = {}          # device-wide conditions (the governor pin)
-        self._stack = ExitStack()
-        self._warned: set[str] = set()
-        self.current_remote: str | None = None      # the running cell's device folder (for interrupt)
 
-    # ---------------------------------------------------------------- lifecycle
-    def __enter__(self):
-        try:
-            with self.host.cpu.activity(f"{self.name} setup"):    # in every overlapping row's host_activity
-                self._open()
-        except BaseException:
-            self._stack.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self._stack.close()
-        return False
+    def open(self, ev, stack: ExitStack) -> None:
+        ev.lane(self.name, "connecting")
+        self.t = open_transport(self.device)
+        self.t.connect()
+        stack.callback(self.t.close)
+        ev.lane(self.name, "device facts and kit")
+        self.kit = kitmod.ensure(self.t, lambda p, sha, name: self.push(p, sha, name=name))
+        self.facts = factsmod.collect(self.t, self.kit, self.device.telemetry_root)
 
     @property
     def measures_on_host(self) -> bool:
@@ -84,111 +77,6 @@ class DeviceSession:
         file with itself."""
         return bool(self.t is not None and self.t.measures_on_host and not self.device.exec_prefix
                     and not self.device.target)
-
-    def _open(self) -> None:
-        d = self.device
-        self.ev.lane(self.name, "connecting")
-        self.t = open_transport(d)
-        self.t.connect()
-        self._stack.callback(self.t.close)
-        self.ev.lane(self.name, "device facts and kit")
-        self.kit = kitmod.ensure(self.t, lambda p, sha, name: self.push(p, sha, name=name))
-        self.facts = factsmod.collect(self.t, self.kit, d.telemetry_root)
-        self.budget = self._memory_budget()
-        self.battery_wh, self.battery_source = budgetmod.battery(self.facts)
-        self.baseline = self._idle_baseline()      # before a native build can warm the device
-        tgt, warnings = target_for(self.t, d, self.facts)
-        for w in warnings:
-            self.warn(w)
-        if self.tools_needed - set(tgt.tools):         # a kind needs a tool the target does not list
-            tgt = dataclasses.replace(tgt, tools=tuple(sorted(set(tgt.tools) | self.tools_needed)))
-        self.target, self.default_backend = tgt, backendsmod.default_backend(tgt)
-        self.ev.lane(self.name, f"llama.cpp build ({tgt.name})")
-        if tgt.where == "device":
-            from ..build import remote
-            self.ev.stage(f"llama.cpp native build on {self.name} ({tgt.name})")
-            self.build = remote.ensure(self.t, self.host.src, tgt, jobs=self.host.jobs)
-        else:
-            self.build = self.host.build(tgt)
-        self.snap_tools = snapshots.available(self.t)
-        if snapshots.restore_if_pending(self.t, self.snap_tools,
-                                        bool(self.ledger.device_fact(self.name, "battery-unplugged"))):
-            self.ledger.set_device_fact(self.name, "battery-unplugged", False)
-            self.ev.stage(f"{self.name}: charging state restored (dumpsys battery reset): an earlier run lost "
-                          "the device while it was set unplugged")
-        # macOS: the SoC's energy model (CPU/GPU/ANE) beside each payload, where the user may run it
-        self.powermetrics = snapshots.powermetrics_access(self.t) if "ioreg" in self.snap_tools else ""
-        if "ioreg" in self.snap_tools and not self.powermetrics:
-            self.ev.stage(f"note: {self.name} has no power figures without powermetrics, which needs root: allow "
-                          "it with a sudoers rule (NOPASSWD: /usr/bin/powermetrics) for the SSH user")
-        self.provenance["governor"] = None
-        if d.governor:
-            g = self._stack.enter_context(Governor(self.t, self.kit, d.governor, d.telemetry_root, self.warn))
-            self.provenance.update(g.provenance)
-
-    # ---------------------------------------------------------------- helpers for cells and kinds
-    def warn(self, text: str, key: str | None = None) -> None:
-        """A warning about this device, once per session."""
-        key = key or text
-        if key not in self._warned:
-            self._warned.add(key)
-            self.ev.stage(f"warning: {self.name}: {text}")
-
-    def build_for(self, backend: str | None):
-        """The device's build for a backend (None: its default build); SkipCell with the reason when it
-        cannot have that backend."""
-        if backend is None or backend == self.default_backend:
-            return self.build
-        if backend not in self._builds:
-            try:
-                if self.device.backends is not None and backend not in self.device.backends:
-                    raise SkipCell(f"{self.name}'s lab entry allows the backends {', '.join(self.device.backends)}")
-                try:
-                    tgt = backendsmod.variant(self.target, backend)
-                except backendsmod.NoBackend as e:
-                    raise SkipCell(f"{self.name} cannot have the {backend} backend: {e}") from None
-                # llama-bench and llama-perplexity always (one build serves bench-only and KLD recipes alike),
-                # with what else this recipe's kinds run
-                tgt = dataclasses.replace(tgt, tools=tuple(sorted({"llama-bench", "llama-perplexity"}
-                                                                  | self.tools_needed)))
-                self.ev.lane(self.name, f"llama.cpp build ({tgt.name})")
-                if tgt.where == "device":
-                    from ..build import remote
-                    self._builds[backend] = remote.ensure(self.t, self.host.src, tgt, jobs=self.host.jobs)
-                else:
-                    self._builds[backend] = self.host.build(tgt)
-                self.gpu_devices[backend] = self._list_devices(backend)
-            except SkipCell as e:
-                self._builds[backend] = e
-        b = self._builds[backend]
-        if isinstance(b, SkipCell):
-            raise b
-        return b
-
-    def _list_devices(self, backend: str) -> list[tuple[str, str]]:
-        """The devices a backend's build sees on this device (`--list-devices`, printed synchronously: unlike
-        the tools' logs, never lost at exit). None seen: the cells of that backend are skipped, with the list."""
-        build = self._builds[backend]
-        tool = next((t for t in ("llama-bench", "llama-perplexity", "llama-server") if t in build.manifest["tools"]),
-                    None)
-        if tool is None:
-            return []
-        r = self.t.run([*self.device.exec_prefix, self.tool(tool, backend), "--list-devices"], timeout=120,
-                       env=self.device.env or None)
-        devs = [d for d in backendsmod.parse_devices(r.stdout) if not d[0].upper().startswith("CPU")]
-        if not devs:
-            raise SkipCell(f"the {backend} build of {self.name} sees no {backend} device ("
-                           + (r.stdout.strip().replace("\n", "; ")[:160] or f"exit {r.rc}")
-                           + f"); {backendsmod.NO_DEVICE_HINT.get(backend, '')}")
-        return devs
-
-    def tool(self, name: str, backend: str | None = None) -> str:
-        build = self.build_for(backend)
-        if name not in build.manifest["tools"]:
-            raise SkipCell(f"the {build.manifest['target']} build has no {name}")
-        if build.manifest.get("where") == "device":
-            return build.tool(name)                       # built on the device, already there
-        return self.push(build.tool(name), build.manifest["tools"][name], mode="755", name=name)
 
     def push(self, path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
         """A file into the device's verified cache. Sending it is host-side work (the host reads, encrypts
@@ -206,37 +94,159 @@ class DeviceSession:
         except Exception:          # noqa: BLE001 - any failure to reach it means it is gone
             return False
 
-    def interrupt(self) -> None:
-        """Ctrl-C from another thread: stop the running payload on the device (its runner then returns)."""
-        remote = self.current_remote
-        if self.t is None or not remote:
-            return
+    def stop(self, remote: str, timeout: float | None = None) -> None:
+        """Stop what run_payload.sh started in a device folder (its runner, payload, sampler, co-runners)."""
+        for pids in read_pids(self.t, remote).values():
+            for pid in pids:
+                self.t.run(["kill", pid], timeout=timeout)
+
+
+# ==================================================================== the builds
+class Builds:
+    """What the device runs: its build target, the build of each backend it is asked for (or why it cannot have
+    it), the devices each sees, and the tools' paths on the device."""
+
+    def __init__(self, link: Link, host, ev, tools_needed: set[str]):
+        self.link, self.host, self.ev = link, host, ev
+        self.tools_needed = set(tools_needed)
+        self.target = None
+        self.default_backend = backendsmod.CPU
+        self.default = None                  # the build of the default backend
+        self._by_backend: dict = {}          # backend -> its build, or the SkipCell saying why it cannot be
+        self.gpu_devices: dict = {}          # backend -> [(name, description)] its build sees
+
+    def open(self, warn) -> None:
+        link = self.link
+        tgt, warnings = target_for(link.t, link.device, link.facts)
+        for w in warnings:
+            warn(w)
+        if self.tools_needed - set(tgt.tools):         # a kind needs a tool the target does not list
+            tgt = dataclasses.replace(tgt, tools=tuple(sorted(set(tgt.tools) | self.tools_needed)))
+        self.target, self.default_backend = tgt, backendsmod.default_backend(tgt)
+        self.default = self._make(tgt, stage=True)
+
+    def _make(self, tgt, stage: bool = False):
+        self.ev.lane(self.link.name, f"llama.cpp build ({tgt.name})")
+        if tgt.where == "device":
+            from ..build import remote
+            if stage:
+                self.ev.stage(f"llama.cpp native build on {self.link.name} ({tgt.name})")
+            return remote.ensure(self.link.t, self.host.src, tgt, jobs=self.host.jobs)
+        return self.host.build(tgt)
+
+    def for_backend(self, backend: str | None):
+        """The device's build for a backend (None: its default build); SkipCell with the reason when it
+        cannot have that backend."""
+        if backend is None or backend == self.default_backend:
+            return self.default
+        if backend not in self._by_backend:
+            try:
+                self._by_backend[backend] = self._variant(backend)
+                self.gpu_devices[backend] = self._list_devices(backend)
+            except SkipCell as e:
+                self._by_backend[backend] = e
+        b = self._by_backend[backend]
+        if isinstance(b, SkipCell):
+            raise b
+        return b
+
+    def _variant(self, backend: str):
+        name, allowed = self.link.name, self.link.device.backends
+        if allowed is not None and backend not in allowed:
+            raise SkipCell(f"{name}'s lab entry allows the backends {', '.join(allowed)}")
         try:
-            for pids in read_pids(self.t, remote).values():
-                for pid in pids:
-                    self.t.run(["kill", pid], timeout=10)
-        except Exception:          # noqa: BLE001 - best effort: the device may be gone already
-            pass
+            tgt = backendsmod.variant(self.target, backend)
+        except backendsmod.NoBackend as e:
+            raise SkipCell(f"{name} cannot have the {backend} backend: {e}") from None
+        # llama-bench and llama-perplexity always (one build serves bench-only and KLD recipes alike),
+        # with what else this recipe's kinds run
+        tgt = dataclasses.replace(tgt, tools=tuple(sorted({"llama-bench", "llama-perplexity"} | self.tools_needed)))
+        return self._make(tgt)
+
+    def _list_devices(self, backend: str) -> list[tuple[str, str]]:
+        """The devices a backend's build sees on this device (`--list-devices`, printed synchronously: unlike
+        the tools' logs, never lost at exit). None seen: the cells of that backend are skipped, with the list."""
+        build, d = self._by_backend[backend], self.link.device
+        tool = next((t for t in ("llama-bench", "llama-perplexity", "llama-server") if t in build.manifest["tools"]),
+                    None)
+        if tool is None:
+            return []
+        r = self.link.t.run([*d.exec_prefix, self.tool(tool, backend), "--list-devices"], timeout=120,
+                            env=d.env or None)
+        devs = [x for x in backendsmod.parse_devices(r.stdout) if not x[0].upper().startswith("CPU")]
+        if not devs:
+            raise SkipCell(f"the {backend} build of {self.link.name} sees no {backend} device ("
+                           + (r.stdout.strip().replace("\n", "; ")[:160] or f"exit {r.rc}")
+                           + f"); {backendsmod.NO_DEVICE_HINT.get(backend, '')}")
+        return devs
+
+    def tool(self, name: str, backend: str | None = None) -> str:
+        """A tool of the backend's build, on the device (pushed there when it was built on the host)."""
+        build = self.for_backend(backend)
+        if name not in build.manifest["tools"]:
+            raise SkipCell(f"the {build.manifest['target']} build has no {name}")
+        if build.manifest.get("where") == "device":
+            return build.tool(name)                       # built on the device, already there
+        return self.link.push(build.tool(name), build.manifest["tools"][name], mode="755", name=name)
+
+
+# ==================================================================== the conditions
+class DeviceConditions:
+    """What the device's measurements are made under: its idle baseline and the cooldown before each cell, one
+    app's memory budget, its battery, the governor pin, the telemetry sources it has; warnings once a session."""
+
+    def __init__(self, link: Link, ledger, ev, spec):
+        self.link, self.ledger, self.ev, self.spec = link, ledger, ev, spec
+        self.baseline: float | None = None
+        self.budget = budgetmod.Budget(None, "unknown", "")
+        self.battery_wh: float | None = None
+        self.battery_source = ""
+        self.provenance: dict = {}          # device-wide conditions (the governor pin)
+        self.sources: sources.DeviceSources | None = None
+        self._warned: set[str] = set()
+
+    def measure_first(self) -> None:
+        """At first contact, before a native build can warm the device: budget, battery, idle baseline."""
+        self.budget = self._memory_budget()
+        self.battery_wh, self.battery_source = budgetmod.battery(self.link.facts)
+        self.baseline = self._idle_baseline()
+
+    def open_sources(self) -> None:
+        link, led = self.link, self.ledger
+        self.sources = sources.open_on(sources.DeviceAccess(
+            link.name, link.t, fact=lambda k: led.device_fact(link.name, k),
+            set_fact=lambda k, v: led.set_device_fact(link.name, k, v), note=self.ev.stage, warn=self.warn))
+
+    def pin_governor(self, stack: ExitStack) -> None:
+        d = self.link.device
+        self.provenance["governor"] = None
+        if d.governor:
+            g = stack.enter_context(Governor(self.link.t, self.link.kit, d.governor, d.telemetry_root, self.warn))
+            self.provenance.update(g.provenance)
+
+    def warn(self, text: str, key: str | None = None) -> None:
+        """A warning about this device, once per session."""
+        key = key or text
+        if key not in self._warned:
+            self._warned.add(key)
+            self.ev.stage(f"warning: {self.link.name}: {text}")
 
     # ---------------------------------------------------------------- thermal protocol
     def hottest(self) -> float | None:
-        r = self.t.run(["sh", f"{self.kit}/thermal.sh", self.device.telemetry_root], timeout=30)
-        try:
-            return normalize.temp_to_c(float(r.stdout.strip()))
-        except ValueError:
-            return None
+        return sources.temperature_now(self.link.t, self.link.kit, self.link.device.telemetry_root)
 
     def _idle_baseline(self) -> float | None:
         """The device's idle temperature: its hottest zone at first contact, or a cooler reading of it kept in
         the ledger from the last hours (a run resumed right after a heavy one starts on a warm device)."""
+        name = self.link.name
         now = self.hottest()
-        old = self.ledger.device_fact(self.name, "idle-baseline")
+        old = self.ledger.device_fact(name, "idle-baseline")
         fresh = old if old and time.time() - old["at"] < BASELINE_MAX_AGE_S else None
         if now is not None and (fresh is None or now <= fresh["c"]):
-            self.ledger.set_device_fact(self.name, "idle-baseline", {"c": now, "at": time.time()})
+            self.ledger.set_device_fact(name, "idle-baseline", {"c": now, "at": time.time()})
             return now
         if fresh is not None:
-            self.ev.stage(f"{self.name}: idle baseline {fresh['c']:.1f} °C, measured "
+            self.ev.stage(f"{name}: idle baseline {fresh['c']:.1f} °C, measured "
                           f"{(time.time() - fresh['at']) / 60:.0f} min ago (now "
                           + (f"{now:.1f} °C)" if now is not None else "unreadable)"))
             return fresh["c"]
@@ -245,17 +255,18 @@ class DeviceSession:
     def _memory_budget(self) -> budgetmod.Budget:
         """One app's memory budget, measured now at first contact; like the idle baseline, a more generous
         reading of it from the last hours (the device idler then) is kept in the ledger and used instead."""
-        now = budgetmod.from_facts(self.facts, self.device.ram_budget_bytes)
-        if self.device.ram_budget_bytes or now.bytes is None:
+        d, name = self.link.device, self.link.name
+        now = budgetmod.from_facts(self.link.facts, d.ram_budget_bytes)
+        if d.ram_budget_bytes or now.bytes is None:
             return now
-        old = self.ledger.device_fact(self.name, "ram-budget")
+        old = self.ledger.device_fact(name, "ram-budget")
         fresh = (old if old and time.time() - old.get("at", 0) < BASELINE_MAX_AGE_S and old.get("source") == now.source
                  else None)
         if fresh and fresh["bytes"] > now.bytes:
             return budgetmod.Budget(fresh["bytes"], fresh["source"],
                                     f"{fresh['detail']}, {(time.time() - fresh['at']) / 60:.0f} min ago "
                                     f"(now {budgetmod.gib(now.bytes)})")
-        self.ledger.set_device_fact(self.name, "ram-budget", {**now.to_json(), "at": time.time()})
+        self.ledger.set_device_fact(name, "ram-budget", {**now.to_json(), "at": time.time()})
         return now
 
     def cooldown(self) -> Row:
@@ -264,7 +275,7 @@ class DeviceSession:
         baseline = self.baseline
         if baseline is None:
             return Row(metric="cooldown_wait", value=0.0, phase="cell", test="no thermal zone: no wait")
-        spec = self.telemetry
+        spec = self.spec
         limit = baseline + spec.cooldown_delta_c
         t0 = time.time()
         now = self.hottest()
@@ -274,19 +285,90 @@ class DeviceSession:
         waited = time.time() - t0
         goal = f"baseline {baseline:.1f} °C + {spec.cooldown_delta_c:g}"
         if now is not None and now > limit:
-            self.ev.stage(f"warning: {self.name} still at {now:.1f} °C after {waited:.0f} s ({goal}): measuring "
-                          "warm; raise telemetry.cooldown_timeout_s to wait longer")
+            self.ev.stage(f"warning: {self.link.name} still at {now:.1f} °C after {waited:.0f} s ({goal}): "
+                          "measuring warm; raise telemetry.cooldown_timeout_s to wait longer")
             return Row(metric="cooldown_wait", value=waited, phase="cell", test=f"timed out at {now:.1f} °C ({goal})")
         return Row(metric="cooldown_wait", value=waited, phase="cell",
                    test=f"reached {now:.1f} °C ({goal})" if now is not None else "thermal zone unreadable")
 
 
-def read_pids(t, remote_out: str) -> dict[str, list[str]]:
-    """run_payload.sh's pids file ('runner=1 payload=2 sampler=3 spin=4,5'), by role."""
-    out: dict[str, list[str]] = {}
-    for kv in (t.read_text(posixpath.join(remote_out, "pids")) or "").split():
-        k, _, v = kv.partition("=")
-        ids = [p for p in v.split(",") if p.isdigit()]
-        if ids:
-            out[k] = ids
-    return out
+# ==================================================================== the session
+class DeviceSession:
+    """One device through a run: the link, the builds and the conditions, opened in that order (the idle
+    baseline before a native build can warm the device) and closed together."""
+
+    def __init__(self, device, ledger, host, events, telemetry, tools: set[str]):
+        self.device, self.ledger, self.host, self.ev, self.telemetry = device, ledger, host, events, telemetry
+        self.name = device.name
+        self.link = Link(device, host)
+        self.builds = Builds(self.link, host, events, tools)
+        self.conditions = DeviceConditions(self.link, ledger, events, telemetry)
+        self.current_remote: str | None = None      # the running cell's device folder (for interrupt)
+        self._stack = ExitStack()
+
+    def __enter__(self):
+        try:
+            with self.host.cpu.activity(f"{self.name} setup"):    # in every overlapping row's host_activity
+                self._open()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._stack.close()
+        return False
+
+    def _open(self) -> None:
+        self.link.open(self.ev, self._stack)
+        self.conditions.measure_first()
+        self.builds.open(self.conditions.warn)
+        self.conditions.open_sources()
+        self.conditions.pin_governor(self._stack)
+
+    # ---------------------------------------------------------------- what cells, kinds and the lane ask
+    @property
+    def t(self):
+        return self.link.t
+
+    @property
+    def facts(self) -> dict:
+        return self.link.facts
+
+    @property
+    def build(self):
+        """The device's default build."""
+        return self.builds.default
+
+    @property
+    def measures_on_host(self) -> bool:
+        return self.link.measures_on_host
+
+    @property
+    def same_build_as_host(self) -> bool:
+        return self.link.same_build_as_host
+
+    def build_for(self, backend: str | None):
+        return self.builds.for_backend(backend)
+
+    def tool(self, name: str, backend: str | None = None) -> str:
+        return self.builds.tool(name, backend)
+
+    def push(self, path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
+        return self.link.push(path, sha, mode=mode, name=name)
+
+    def warn(self, text: str, key: str | None = None) -> None:
+        self.conditions.warn(text, key)
+
+    def alive(self) -> bool:
+        return self.link.alive()
+
+    def interrupt(self) -> None:
+        """Ctrl-C from another thread: stop the running payload on the device (its runner then returns)."""
+        remote = self.current_remote
+        if self.link.t is None or not remote:
+            return
+        try:
+            self.link.stop(remote, timeout=10)
+        except Exception:          # noqa: BLE001 - best effort: the device may be gone already
+            pass

@@ -12,7 +12,7 @@ import pandas as pd
 @dataclass
 class SamplerTrace:
     frame: pd.DataFrame                 # columns: tick, t_s (device clock, s) + one per source path
-    meta: dict = field(default_factory=dict)   # source path -> {k: v} (thermal type, rapl range, …)
+    meta: dict = field(default_factory=dict)   # source path -> {k: v} (its kind, type, counter range, …)
     interval_s: float = 0.1
     clock: str = "proc"
     pace: str = ""                      # "readt" (no process per tick) or "sleep"; "" = not recorded

@@ -8,6 +8,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from ..build.backends import Backend
+
 
 class DeviceBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -22,7 +24,7 @@ class DeviceBase(BaseModel):
     governor: str | None = Field(default=None, pattern=r"^[a-z_]+$")   # pin cpufreq (rooted), e.g. performance
     # the GPU backends this device may be measured on (a recipe's other backends are skipped here), and
     # environment variables for its payloads (GGML_VK_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, …)
-    backends: list[Literal["cpu", "vulkan", "opencl", "metal", "cuda"]] | None = None
+    backends: list[Backend] | None = None
     env: dict[str, str] = {}
     # the lab host it is plugged into (its `devicelab worker --host NAME`); unset: the head, where `devicelab run`
     # runs. Only a run across a cluster (`--cluster`) places it there; a single-host run drives every device here

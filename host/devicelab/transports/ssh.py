@@ -298,9 +298,8 @@ class SSHTransport(Transport):
                     out += ch.recv(CHUNK)
                 elif ch.recv_stderr_ready():
                     err += ch.recv_stderr(CHUNK)
-                elif ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready():
-                    break
-                elif ch.closed or ch.eof_received and ch.exit_status_ready():
+                elif (ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready()) or ch.closed \
+                        or (ch.eof_received and ch.exit_status_ready()):
                     break
                 else:
                     if deadline and time.time() > deadline:
