@@ -57,9 +57,11 @@ def main():
                 assert r.returncode == 0, r.stderr
             mo, mt = a.mib / statistics.median(ours), a.mib / statistics.median(theirs)
             ms = a.mib / statistics.median(sync)
-            print(f"devicelab put {mo:.1f} MiB/s, adbutils sync push {ms:.1f} MiB/s, adb push {mt:.1f} MiB/s "
-                  f"(median of {a.rounds}, {a.mib} MiB): devicelab/adb push {mo / mt:.2f} (goal ≥ 0.9), "
-                  f"adbutils/adb push {ms / mt:.2f}")
+            print(
+                f"devicelab put {mo:.1f} MiB/s, adbutils sync push {ms:.1f} MiB/s, adb push {mt:.1f} MiB/s "
+                f"(median of {a.rounds}, {a.mib} MiB): devicelab/adb push {mo / mt:.2f} (goal ≥ 0.9), "
+                f"adbutils/adb push {ms / mt:.2f}"
+            )
         finally:
             peer.kill()
             adb.stop()

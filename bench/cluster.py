@@ -64,20 +64,48 @@ def drive(recipe: str, lab: str, lab_dir: str, address: str) -> None:
 
 def shape(net: LabNet, rate: str) -> None:
     for h in net.hosts:
-        subprocess.run([*h.prefix(), "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate, "burst",
-                        "256kb", "latency", "100ms"], check=True)
+        subprocess.run(
+            [
+                *h.prefix(),
+                "tc",
+                "qdisc",
+                "add",
+                "dev",
+                "lo",
+                "root",
+                "tbf",
+                "rate",
+                rate,
+                "burst",
+                "256kb",
+                "latency",
+                "100ms",
+            ],
+            check=True,
+        )
 
 
 def one_run(net: LabNet, hosts, work: Path, tag: str) -> dict:
     d = work / tag
     d.mkdir()
     lab = d / "lab.yaml"
-    lab.write_text("devices:\n" + "".join(h.lab_entry(f"board-{h.name}").replace(
-        f"workdir: {h.board.d}/device-workdir", f"workdir: {d}/{h.name}-device") for h in net.hosts))
+    lab.write_text(
+        "devices:\n"
+        + "".join(
+            h.lab_entry(f"board-{h.name}").replace(
+                f"workdir: {h.board.d}/device-workdir", f"workdir: {d}/{h.name}-device"
+            )
+            for h in net.hosts
+        )
+    )
     recipe = d / "r.yaml"
     recipe.write_text(RECIPE.format(tag=tag, devices=", ".join(f"board-{h.name}" for h in hosts)))
-    r = subprocess.run([*net.prefix(), sys.executable, __file__, "--drive", str(recipe), str(lab), str(d / "lab"),
-                        net.address], capture_output=True, text=True, env=net.env())
+    r = subprocess.run(
+        [*net.prefix(), sys.executable, __file__, "--drive", str(recipe), str(lab), str(d / "lab"), net.address],
+        capture_output=True,
+        text=True,
+        env=net.env(),
+    )
     if r.returncode != 0:
         raise SystemExit(f"{tag}: the run failed: {r.stdout[-2000:]} {r.stderr[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -103,12 +131,12 @@ def main() -> None:
         lab.write_text("devices:\n" + "".join(h.lab_entry(f"board-{h.name}") for h in net.hosts))
         t0 = time.monotonic()
         net.start_head(lab, work / "head.log")
-        for h in net.hosts:          # one at a time: they share this machine's 2 cores
+        for h in net.hosts:  # one at a time: they share this machine's 2 cores
             h.join(lab, work / f"cache-{h.name}", work / f"{h.name}.log")
             wait_for(lambda h=h: net.advertised().get(f"board-{h.name}") == h.name, 180, f"{h.name} to join", 1)
         print(f"cluster of {a.kmax} lab hosts up in {time.monotonic() - t0:.1f} s (head {net.address})")
         shape(net, a.rate)
-        one_run(net, net.hosts, work, "warm")            # the nodes' caches get the build and the model once
+        one_run(net, net.hosts, work, "warm")  # the nodes' caches get the build and the model once
         alone = {h.name: one_run(net, [h], work, f"alone-{h.name}") for h in net.hosts}
         for h, r in alone.items():
             print(f"  {h} alone: {r['wall']:.1f} s (first cell after {r['first_cell']:.1f} s)")
@@ -118,8 +146,10 @@ def main() -> None:
             r = one_run(net, hosts, work, f"together-{k}")
             slowest = max(alone[h.name]["wall"] for h in hosts)
             ratio = r["wall"] / slowest
-            print(f"k={k}: together {r['wall']:.1f} s, slowest alone {slowest:.1f} s, wall/slowest {ratio:.2f}; "
-                  f"first remote cell after {r['first_cell']:.1f} s")
+            print(
+                f"k={k}: together {r['wall']:.1f} s, slowest alone {slowest:.1f} s, wall/slowest {ratio:.2f}; "
+                f"first remote cell after {r['first_cell']:.1f} s"
+            )
         print(f"cluster: hosts={a.kmax} wall/slowest={ratio:.2f}")
     finally:
         net.delete()

@@ -26,8 +26,12 @@ from devicelab.models.ladder import Ladder
 
 
 def decode(bench: str, model: str, gen: int, reps: int, threads: int) -> float:
-    out = subprocess.run([bench, "-m", model, "-p", "0", "-n", str(gen), "-r", str(reps), "-t", str(threads),
-                          "-o", "jsonl"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [bench, "-m", model, "-p", "0", "-n", str(gen), "-r", str(reps), "-t", str(threads), "-o", "jsonl"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return next(float(json.loads(l)["avg_ts"]) for l in out.splitlines() if l.startswith("{"))
 
 

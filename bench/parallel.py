@@ -67,8 +67,13 @@ def run(boards: list[tuple[str, Sshd]], work: Path, tag: str) -> tuple[float, li
     d = work / tag
     d.mkdir()
     lab = d / "lab.yaml"
-    lab.write_text("devices:\n" + "".join(s.lab_yaml(n).split("\n", 1)[1].replace(
-        f"workdir: {s.d}/device-workdir", f"workdir: {d}/{n}-device") for n, s in boards))
+    lab.write_text(
+        "devices:\n"
+        + "".join(
+            s.lab_yaml(n).split("\n", 1)[1].replace(f"workdir: {s.d}/device-workdir", f"workdir: {d}/{n}-device")
+            for n, s in boards
+        )
+    )
     recipe = d / "r.yaml"
     recipe.write_text(RECIPE.format(devices=", ".join(n for n, _ in boards)))
     ev = Timed()
@@ -81,7 +86,7 @@ def run(boards: list[tuple[str, Sshd]], work: Path, tag: str) -> tuple[float, li
     rows = Ledger(ledger_path(d / "lab")).rows_frame()
     payload = rows[(rows.metric == "wall_seconds") & (rows.phase == "cell")].set_index("cell_id").value
     over, seen, pushed = [], set(), []
-    for cid, (dev, a, b) in ev.spans.items():      # in the order the cells finished
+    for cid, (dev, a, b) in ev.spans.items():  # in the order the cells finished
         pushes = sum(max(0.0, min(b, e) - max(a, s)) for s, e in o.host.cpu.spans(f"push to {dev}"))
         pushed.append(pushes)
         if dev in seen:
@@ -120,9 +125,12 @@ def main() -> None:
                 w, over, pay, push = run(boards[:k], work, f"k{k}")
                 slowest = max(alone[:k])
                 ratio = w / slowest
-                print(f"k={k}: all together {w:.1f} s, slowest alone {slowest:.1f} s, ratio {ratio:.2f}; "
-                      f"orchestrator overhead per cell {sum(over) / max(1, len(over)):.2f} s (n={len(over)}); "
-                      f"per cell: payload {pay:.1f} s, pushes {push:.1f} s (link {a.rate} each way)", flush=True)
+                print(
+                    f"k={k}: all together {w:.1f} s, slowest alone {slowest:.1f} s, ratio {ratio:.2f}; "
+                    f"orchestrator overhead per cell {sum(over) / max(1, len(over)):.2f} s (n={len(over)}); "
+                    f"per cell: payload {pay:.1f} s, pushes {push:.1f} s (link {a.rate} each way)",
+                    flush=True,
+                )
         finally:
             for ns, s in made:
                 s.kill()

@@ -42,8 +42,15 @@ def main():
                 for _ in range(a.mib):
                     fh.write(block)
             sha = hashlib.sha256(f.read_bytes()).hexdigest()
-            t = SSHTransport("bench", "127.0.0.1", port=s.port, user="root", key_file=str(s.client_key),
-                             known_hosts=str(s.known_hosts), workdir=str(d / "wd"))
+            t = SSHTransport(
+                "bench",
+                "127.0.0.1",
+                port=s.port,
+                user="root",
+                key_file=str(s.client_key),
+                known_hosts=str(s.known_hosts),
+                workdir=str(d / "wd"),
+            )
             t.connect()
             ncpu, aes = t.device_cpu()
             cipher = ssh_mod.OPENSSH_AES_FIRST.split(",")[0] if aes and ssh_mod.host_has_aes() else None

@@ -46,8 +46,10 @@ def main():
         warm, out2 = timed(argv, env)
         print(out.splitlines()[0] if out else "")
         print(out2.splitlines()[0] if out2 else "")
-        print(f"cold run {cold:.1f} s ({'no ccache' if a.no_ccache else 'ccache-warm build'}), "
-              f"re-run {warm:.2f} s: ratio {warm / cold * 100:.2f}% (goal ≤ 2%)")
+        print(
+            f"cold run {cold:.1f} s ({'no ccache' if a.no_ccache else 'ccache-warm build'}), "
+            f"re-run {warm:.2f} s: ratio {warm / cold * 100:.2f}% (goal ≤ 2%)"
+        )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def parse_adb_pubkey(line: str) -> tuple[int, int]:
     """Android's RSAPublicKey: u32 len(words), u32 n0inv, u32 n[len], u32 rr[len], u32 exponent (LE)."""
     raw = base64.b64decode(line.split()[0])
     words = struct.unpack_from("<I", raw, 0)[0]
-    n = int.from_bytes(raw[8:8 + 4 * words], "little")
+    n = int.from_bytes(raw[8 : 8 + 4 * words], "little")
     e = struct.unpack_from("<I", raw, 8 + 8 * words)[0]
     return n, e
 
@@ -71,7 +71,7 @@ class Stream:
             if not self.acked.wait(60):
                 raise ConnectionError("no OKAY from host")
             self.acked.clear()
-            self.conn.send(A_WRTE, self.local, self.remote, data[i:i + self.conn.maxdata])
+            self.conn.send(A_WRTE, self.local, self.remote, data[i : i + self.conn.maxdata])
 
     def read(self, n: int) -> bytes:
         while len(self.buf) < n:
@@ -158,7 +158,7 @@ class Conn:
             if a0 == AUTH_SIGNATURE and any(verify(data, self.token, n, e) for n, e in p.authorized_keys()):
                 self.send(A_CNXN, A_VERSION, MAX_PAYLOAD, p.banner())
             elif a0 == AUTH_SIGNATURE:
-                self.new_token()        # not this key: the host tries the next one, then RSAPUBLICKEY
+                self.new_token()  # not this key: the host tries the next one, then RSAPUBLICKEY
             # AUTH_RSAPUBLICKEY: a phone would now show "Allow USB debugging?"; nobody accepts here
         elif cmd == A_OPEN:
             local = self.next_id
@@ -262,8 +262,15 @@ def _sync_recv(st: Stream, arg: str):
 
 
 class AdbdPeer:
-    def __init__(self, d: Path, port: int, adb_keys: Path, props: dict[str, str], require_auth: bool = True,
-                 userland: str = "host"):
+    def __init__(
+        self,
+        d: Path,
+        port: int,
+        adb_keys: Path,
+        props: dict[str, str],
+        require_auth: bool = True,
+        userland: str = "host",
+    ):
         self.d = Path(d)
         self.d.mkdir(parents=True, exist_ok=True)
         self.port, self.adb_keys, self.require_auth = port, Path(adb_keys), require_auth
@@ -277,7 +284,7 @@ class AdbdPeer:
         (self.d / "build.prop").write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         gp = bindir / "getprop"
         gp.write_text(
-            f'#!/bin/sh\nf={self.d}/build.prop\n'
+            f"#!/bin/sh\nf={self.d}/build.prop\n"
             f'if [ $# -eq 0 ]; then sed "s/^\\([^=]*\\)=\\(.*\\)$/[\\1]: [\\2]/" "$f"; '
             f'else v=$(grep -m1 "^$1=" "$f" | cut -d= -f2-); echo "${{v:-$2}}"; fi\n'
         )

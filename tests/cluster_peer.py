@@ -21,8 +21,12 @@ import psutil
 from sshd_peer import SSHD, Sshd, free_port
 
 # a node that stops answering is declared dead after ~2 s instead of Ray's default ~30 s (RayConfig from env)
-FAST_DEATH = {"RAY_health_check_initial_delay_ms": "0", "RAY_health_check_period_ms": "500",
-              "RAY_health_check_timeout_ms": "500", "RAY_health_check_failure_threshold": "4"}
+FAST_DEATH = {
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "4",
+}
 # small nodes: 1 CPU for Ray's own scheduling (lanes take none), a small object store
 RAY_ARGS = ["--ray-arg=--num-cpus=1", "--ray-arg=--object-store-memory=120000000"]
 
@@ -52,14 +56,17 @@ class LabHost:
 
     def create(self) -> bool:
         hn = self.net.head_ns
-        return (_ip("netns", "add", self.ns)
-                and _ip("-n", hn, "link", "add", self.veth_host, "type", "veth", "peer", "name", self.veth_ns, "netns",
-                        self.ns)
-                and _ip("-n", hn, "link", "set", self.veth_host, "master", self.net.bridge)
-                and _ip("-n", hn, "link", "set", self.veth_host, "up")
-                and _ip("-n", self.ns, "addr", "add", f"{self.ip}/24", "dev", self.veth_ns)
-                and _ip("-n", self.ns, "link", "set", self.veth_ns, "up")
-                and _ip("-n", self.ns, "link", "set", "lo", "up"))
+        return (
+            _ip("netns", "add", self.ns)
+            and _ip(
+                "-n", hn, "link", "add", self.veth_host, "type", "veth", "peer", "name", self.veth_ns, "netns", self.ns
+            )
+            and _ip("-n", hn, "link", "set", self.veth_host, "master", self.net.bridge)
+            and _ip("-n", hn, "link", "set", self.veth_host, "up")
+            and _ip("-n", self.ns, "addr", "add", f"{self.ip}/24", "dev", self.veth_ns)
+            and _ip("-n", self.ns, "link", "set", self.veth_ns, "up")
+            and _ip("-n", self.ns, "link", "set", "lo", "up")
+        )
 
     def prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.ns]
@@ -67,28 +74,52 @@ class LabHost:
     def start_board(self, d: Path) -> Sshd:
         self.board = b = Sshd(d, netns=_InNs(self.ns))
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
-        with open(b.d / "sshd.log", "ab") as log:           # the child keeps its own copy of the descriptor
-            b.proc = subprocess.Popen([*self.prefix(), SSHD, "-D", "-e", "-f", str(b.config)],
-                                      stdout=subprocess.DEVNULL, stderr=log)
+        with open(b.d / "sshd.log", "ab") as log:  # the child keeps its own copy of the descriptor
+            b.proc = subprocess.Popen(
+                [*self.prefix(), SSHD, "-D", "-e", "-f", str(b.config)], stdout=subprocess.DEVNULL, stderr=log
+            )
         probe = [*self.prefix(), "bash", "-c", f"echo > /dev/tcp/127.0.0.1/{b.port}"]
         wait_for(lambda: subprocess.run(probe, capture_output=True).returncode == 0, 20, f"{self.name}'s sshd")
         return b
 
     def lab_entry(self, device: str) -> str:
         b = self.board
-        return (f"  - name: {device}\n    transport: ssh\n    host: 127.0.0.1\n    port: {b.port}\n    user: root\n"
-                f"    key_file: {b.client_key}\n    known_hosts: {b.known_hosts}\n    workdir: {b.d}/device-workdir\n"
-                f"    lab_host: {self.name}\n")
+        return (
+            f"  - name: {device}\n    transport: ssh\n    host: 127.0.0.1\n    port: {b.port}\n    user: root\n"
+            f"    key_file: {b.client_key}\n    known_hosts: {b.known_hosts}\n    workdir: {b.d}/device-workdir\n"
+            f"    lab_host: {self.name}\n"
+        )
 
     def join(self, lab: Path, cache: Path, log: Path, extra: list[str] | None = None) -> subprocess.Popen:
         """`devicelab worker` on this host, in the foreground of its own process group."""
-        with open(log, "ab") as out:                         # the child keeps its own copy of the descriptor
+        with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
             self.worker = subprocess.Popen(
-                [*self.prefix(), sys.executable, "-m", "devicelab.cli", "worker", "--address", self.net.address,
-                 "--lab", str(lab), "--host", self.name, "--node-ip", self.ip, "--cache", str(cache), *RAY_ARGS,
-                 # the lab hosts share this machine's /tmp/ray: their nodes' sockets must not collide
-                 f"--ray-arg=--temp-dir=/tmp/{self.ns}-ray", *(extra or [])],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.net.env())
+                [
+                    *self.prefix(),
+                    sys.executable,
+                    "-m",
+                    "devicelab.cli",
+                    "worker",
+                    "--address",
+                    self.net.address,
+                    "--lab",
+                    str(lab),
+                    "--host",
+                    self.name,
+                    "--node-ip",
+                    self.ip,
+                    "--cache",
+                    str(cache),
+                    *RAY_ARGS,
+                    # the lab hosts share this machine's /tmp/ray: their nodes' sockets must not collide
+                    f"--ray-arg=--temp-dir=/tmp/{self.ns}-ray",
+                    *(extra or []),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.net.env(),
+            )
         return self.worker
 
     def kill_node(self) -> None:
@@ -149,20 +180,41 @@ class LabNet:
             return False
         self.made = True
         hn = self.head_ns
-        ok = (_ip("-n", hn, "link", "add", self.bridge, "type", "bridge")
-              and _ip("-n", hn, "addr", "add", f"{self.head_ip}/24", "dev", self.bridge)
-              and _ip("-n", hn, "link", "set", self.bridge, "up") and _ip("-n", hn, "link", "set", "lo", "up")
-              and all(h.create() for h in self.hosts))
+        ok = (
+            _ip("-n", hn, "link", "add", self.bridge, "type", "bridge")
+            and _ip("-n", hn, "addr", "add", f"{self.head_ip}/24", "dev", self.bridge)
+            and _ip("-n", hn, "link", "set", self.bridge, "up")
+            and _ip("-n", hn, "link", "set", "lo", "up")
+            and all(h.create() for h in self.hosts)
+        )
         if not ok:
             self.delete()
         return ok
 
     def start_head(self, lab: Path, log: Path) -> subprocess.Popen:
-        with open(log, "ab") as out:                         # the child keeps its own copy of the descriptor
+        with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
             self.head = subprocess.Popen(
-                [*self.prefix(), sys.executable, "-m", "devicelab.cli", "head", "--lab", str(lab), "--port",
-                 str(self.port), "--node-ip", self.head_ip, "--host", "head", *RAY_ARGS],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=self.env())
+                [
+                    *self.prefix(),
+                    sys.executable,
+                    "-m",
+                    "devicelab.cli",
+                    "head",
+                    "--lab",
+                    str(lab),
+                    "--port",
+                    str(self.port),
+                    "--node-ip",
+                    self.head_ip,
+                    "--host",
+                    "head",
+                    *RAY_ARGS,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=self.env(),
+            )
         wait_for(lambda: self.identity() is not None or self.head.poll() is not None, 180, "the head to start")
         assert self.head.poll() is None, log.read_text()[-3000:]
         return self.head
@@ -179,23 +231,38 @@ class LabNet:
 
     def _in_head(self, code: str):
         """A few lines of Python in the head's namespace (only there is the head reachable): their JSON."""
-        r = subprocess.run([*self.prefix(), sys.executable, "-c", "import json, sys\n"
-                            "from devicelab.cluster.node import gcs\n"      # with the lab's auth token
-                            f"g = gcs({self.address!r})\n" + code],
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [
+                *self.prefix(),
+                sys.executable,
+                "-c",
+                "import json, sys\n"
+                "from devicelab.cluster.node import gcs\n"  # with the lab's auth token
+                f"g = gcs({self.address!r})\n" + code,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
 
     def identity(self) -> dict | None:
-        return self._in_head("raw = g.internal_kv_get(b'identity', b'devicelab', timeout=2)\n"
-                             "print(raw.decode() if raw else 'null')")
+        return self._in_head(
+            "raw = g.internal_kv_get(b'identity', b'devicelab', timeout=2)\nprint(raw.decode() if raw else 'null')"
+        )
 
     def set_identity(self, ident: dict) -> None:
-        self._in_head(f"g.internal_kv_put(b'identity', {json.dumps(ident).encode()!r}, True, b'devicelab')\n"
-                      "print('null')")
+        self._in_head(
+            f"g.internal_kv_put(b'identity', {json.dumps(ident).encode()!r}, True, b'devicelab')\nprint('null')"
+        )
 
     def advertised(self) -> dict[str, str]:
-        return self._in_head("from devicelab.cluster.node import advertised\n"
-                             f"print(json.dumps(advertised({self.address!r})))") or {}
+        return (
+            self._in_head(
+                f"from devicelab.cluster.node import advertised\nprint(json.dumps(advertised({self.address!r})))"
+            )
+            or {}
+        )
 
     def listening(self) -> dict[str, set[str]]:
         """The addresses Ray processes listen on, by the network namespace they are in: 'root' (this machine's

@@ -18,18 +18,21 @@ FIXTURES = Path(__file__).parent / "fixtures"
 @pytest.fixture(scope="session")
 def source():
     from devicelab.build import source as s
+
     return s.resolve(None)
 
 
 @pytest.fixture(scope="session")
 def host_build(source):
     from devicelab.build import cache, targets
+
     return cache.ensure(source, targets.local_native())
 
 
 @pytest.fixture(scope="session")
 def smol_path():
     from devicelab.models import store
+
     return store.resolve(None)
 
 
@@ -37,8 +40,14 @@ def devicelab(*args, cwd=None, env=None, timeout=1800, check=False):
     """Run the real CLI as a user would."""
     e = dict(os.environ)
     e.update(env or {})
-    p = subprocess.run([sys.executable, "-m", "devicelab.cli", *map(str, args)], capture_output=True, text=True,
-                       cwd=cwd, env=e, timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-m", "devicelab.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=e,
+        timeout=timeout,
+    )
     if check and p.returncode != 0:
         raise AssertionError(f"devicelab {' '.join(map(str, args))} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
@@ -71,8 +80,8 @@ def check_forward(t, port: int) -> int:
 
     def one(i: int) -> bytes:
         with socket.create_connection(("127.0.0.1", lp), timeout=10) as s:
-            msg = f"ping {i} ".encode() * 5000          # larger than one read: the pumps loop
-            s.sendall(msg)             # no half-close: adb streams have none (CLSE ends both ways)
+            msg = f"ping {i} ".encode() * 5000  # larger than one read: the pumps loop
+            s.sendall(msg)  # no half-close: adb streams have none (CLSE ends both ways)
             got = b""
             while len(got) < len(msg):
                 chunk = s.recv(65536)
@@ -94,7 +103,9 @@ def fixture_board_run(tmp_path, root, name: str, bench: str, extra: str = ""):
     lab = tmp_path / "lab.yaml"
     lab.write_text(f"devices:\n  - {{name: board, transport: local, telemetry_root: '{root}'}}\n")
     recipe = tmp_path / "r.yaml"
-    recipe.write_text(f"name: {name}\ndevices: [board]\nmodels: [{{name: smollm2-135m}}]\nquants: [q8_0]\n"
-                      f"payloads:\n  - {{kind: bench, {bench}}}\n{extra}"
-                      "recommend: {context: 512, min_decode_tps: 0.1}\n")
+    recipe.write_text(
+        f"name: {name}\ndevices: [board]\nmodels: [{{name: smollm2-135m}}]\nquants: [q8_0]\n"
+        f"payloads:\n  - {{kind: bench, {bench}}}\n{extra}"
+        "recommend: {context: 512, min_decode_tps: 0.1}\n"
+    )
     return devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")

@@ -40,12 +40,14 @@ class Netns:
         if not shutil.which("ip") or not self._ip("netns", "add", self.name):
             return False
         self.made = True
-        ok = (self._ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.dev_if, "netns", self.name)
-              and self._ip("addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
-              and self._ip("link", "set", self.host_if, "up")
-              and self._ip("-n", self.name, "addr", "add", f"{self.dev_ip}/30", "dev", self.dev_if)
-              and self._ip("-n", self.name, "link", "set", self.dev_if, "up")
-              and self._ip("-n", self.name, "link", "set", "lo", "up"))
+        ok = (
+            self._ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.dev_if, "netns", self.name)
+            and self._ip("addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
+            and self._ip("link", "set", self.host_if, "up")
+            and self._ip("-n", self.name, "addr", "add", f"{self.dev_ip}/30", "dev", self.dev_if)
+            and self._ip("-n", self.name, "link", "set", self.dev_if, "up")
+            and self._ip("-n", self.name, "link", "set", "lo", "up")
+        )
         if not ok:
             self.delete()
         return ok
@@ -98,9 +100,10 @@ Subsystem sftp internal-sftp
     def start(self):
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)
         prefix = self.netns.prefix() if self.netns else []
-        with open(self.d / "sshd.log", "ab") as log:      # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen([*prefix, SSHD, "-D", "-e", "-f", str(self.config)],
-                                         stdout=subprocess.DEVNULL, stderr=log)
+        with open(self.d / "sshd.log", "ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                [*prefix, SSHD, "-D", "-e", "-f", str(self.config)], stdout=subprocess.DEVNULL, stderr=log
+            )
         deadline = time.time() + 10
         while time.time() < deadline:
             try:
@@ -137,6 +140,8 @@ Subsystem sftp internal-sftp
         self.proc = None
 
     def lab_yaml(self, name="board", extra="") -> str:
-        return (f"devices:\n  - name: {name!r}\n    transport: ssh\n    host: {self.host}\n    port: {self.port}\n"
-                f"    user: root\n    key_file: {self.client_key}\n    known_hosts: {self.known_hosts}\n"
-                f"    workdir: {self.d}/device-workdir\n{extra}")
+        return (
+            f"devices:\n  - name: {name!r}\n    transport: ssh\n    host: {self.host}\n    port: {self.port}\n"
+            f"    user: root\n    key_file: {self.client_key}\n    known_hosts: {self.known_hosts}\n"
+            f"    workdir: {self.d}/device-workdir\n{extra}"
+        )

@@ -22,9 +22,17 @@ from devicelab.ledger import ledger_path
 from devicelab.transports.adb import ADBTransport
 
 pytestmark = pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)")
-PROPS = {"ro.product.model": "Peer 7", "ro.product.manufacturer": "devicelab", "ro.product.name": "peer",
-         "ro.product.device": "peer", "ro.build.version.release": "14", "ro.build.version.sdk": "34",
-         "ro.product.cpu.abi": "arm64-v8a", "ro.soc.model": "SM8550", "ro.board.platform": "kalama"}
+PROPS = {
+    "ro.product.model": "Peer 7",
+    "ro.product.manufacturer": "devicelab",
+    "ro.product.name": "peer",
+    "ro.product.device": "peer",
+    "ro.build.version.release": "14",
+    "ro.build.version.sdk": "34",
+    "ro.product.cpu.abi": "arm64-v8a",
+    "ro.soc.model": "SM8550",
+    "ro.board.platform": "kalama",
+}
 
 
 @pytest.fixture
@@ -128,7 +136,7 @@ def test_unauthorized_is_one_clear_line(adb, tmp_path):
 
 def test_offline_then_back_reconnects(adb, tmp_path):
     peer = make_peer(tmp_path, adb)
-    peer.mute = True                                       # answers nothing: adb shows it offline
+    peer.mute = True  # answers nothing: adb shows it offline
     serial = f"127.0.0.1:{peer.port}"
     adb.connect(serial)
     deadline = time.time() + 10
@@ -140,7 +148,7 @@ def test_offline_then_back_reconnects(adb, tmp_path):
         transport(adb, peer, tmp_path, reconnect_tries=1, reconnect_wait=0.2).connect()
     threading.Timer(1.0, lambda: setattr(peer, "mute", False)).start()
     t = transport(adb, peer, tmp_path, reconnect_tries=6, reconnect_wait=0.5)
-    t.connect()                                            # came back within the bounded retries
+    t.connect()  # came back within the bounded retries
     assert t.run(["echo", "back"]).stdout == "back\n"
     peer.kill()
 
@@ -183,8 +191,15 @@ def _try(fn):
 def _battery_root(tmp_path):
     ps = tmp_path / "sysfs" / "sys/class/power_supply/battery"
     ps.mkdir(parents=True)
-    for k, v in {"type": "Battery", "status": "Discharging", "current_now": "-350000", "voltage_now": "3912000",
-                 "capacity": "77", "temp": "301", "charge_full": "4410000"}.items():
+    for k, v in {
+        "type": "Battery",
+        "status": "Discharging",
+        "current_now": "-350000",
+        "voltage_now": "3912000",
+        "capacity": "77",
+        "temp": "301",
+        "charge_full": "4410000",
+    }.items():
         (ps / k).write_text(v + "\n")
     z = tmp_path / "sysfs" / "sys/class/thermal/thermal_zone0"
     z.mkdir(parents=True)
@@ -206,9 +221,11 @@ recommend: {context: 512, max_kld_mean: 1, min_decode_tps: 0.1}
 
 def _phone_lab(tmp_path, adb, peer, root):
     lab = tmp_path / "lab.yaml"
-    lab.write_text(f"devices:\n  - name: phone\n    transport: adb\n    serial: '127.0.0.1:{peer.port}'\n"
-                   f"    adb_port: {adb.port}\n    workdir: '{tmp_path}/phone-tmp'\n    telemetry_root: '{root}'\n"
-                   "    cpu_features: 'fp asimd asimddp'\n    exec_prefix: [qemu-aarch64-static]\n")
+    lab.write_text(
+        f"devices:\n  - name: phone\n    transport: adb\n    serial: '127.0.0.1:{peer.port}'\n"
+        f"    adb_port: {adb.port}\n    workdir: '{tmp_path}/phone-tmp'\n    telemetry_root: '{root}'\n"
+        "    cpu_features: 'fp asimd asimddp'\n    exec_prefix: [qemu-aarch64-static]\n"
+    )
     return lab
 
 
@@ -217,15 +234,22 @@ def _phone_lab(tmp_path, adb, peer, root):
 def test_full_loop_on_the_phone_peer(adb, tmp_path, source, host_build, smol_path):
     # every device command in Android's userland: mksh as sh, toybox's applets (Debian's mksh and toybox)
     peer = make_peer(tmp_path, adb, userland="android" if ANDROID_USERLAND else "host")
-    log = fake_dumpsys(peer, FIXTURES / "snapshots/dumpsys-battery-unplugged.txt",
-                       FIXTURES / "snapshots/dumpsys-thermalservice.txt", FIXTURES / "snapshots/dumpsys-meminfo.txt")
+    log = fake_dumpsys(
+        peer,
+        FIXTURES / "snapshots/dumpsys-battery-unplugged.txt",
+        FIXTURES / "snapshots/dumpsys-thermalservice.txt",
+        FIXTURES / "snapshots/dumpsys-meminfo.txt",
+    )
     root = _battery_root(tmp_path)
     lab = _phone_lab(tmp_path, adb, peer, root)
     recipe = tmp_path / "r.yaml"
     # without an NDK the phone gets the static aarch64 build; its binaries run in the peer under qemu
     # (the device/host logit check under qemu is test_aarch64's: here it would only double the qemu time)
-    recipe.write_text(PHONE_RECIPE.replace(
-        "repetitions: 1}\n", "repetitions: 1}\n  - {kind: kld, ctx: 128, chunks: 2, host_check: false}\n"))
+    recipe.write_text(
+        PHONE_RECIPE.replace(
+            "repetitions: 1}\n", "repetitions: 1}\n  - {kind: kld, ctx: 128, chunks: 2, host_check: false}\n"
+        )
+    )
     env = {k: "" for k in ("ANDROID_NDK_HOME", "ANDROID_NDK_ROOT")}
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", env=env)
     assert p.returncode == 0, p.stdout + p.stderr

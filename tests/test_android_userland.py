@@ -19,8 +19,10 @@ from devicelab import paths
 from devicelab.telemetry import normalize, sampler_csv
 from devicelab.transports.base import put_script
 
-pytestmark = pytest.mark.skipif(not (shutil.which("mksh") and shutil.which("toybox")),
-                                reason="needs Debian's mksh and toybox (Android's shell and coreutils)")
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("mksh") and shutil.which("toybox")),
+    reason="needs Debian's mksh and toybox (Android's shell and coreutils)",
+)
 PAYLOADS = paths.device_payloads_dir()
 
 
@@ -35,8 +37,13 @@ def android_env(tmp_path):
 
 def test_facts_without_awk_or_tr(android_env, tmp_path):
     env, bindir = android_env
-    p = subprocess.run([str(bindir / "sh"), str(PAYLOADS / "facts.sh"), str(tmp_path / "wd")], env=env,
-                       capture_output=True, text=True, timeout=30)
+    p = subprocess.run(
+        [str(bindir / "sh"), str(PAYLOADS / "facts.sh"), str(tmp_path / "wd")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert p.returncode == 0 and p.stderr == "", p.stderr
     kv = dict(ln.split("=", 1) for ln in p.stdout.splitlines())
     meminfo = dict(ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines())
@@ -54,12 +61,20 @@ def test_runner_and_sampler_record_battery_power_and_peak_rss(android_env, tmp_p
     root = tmp_path / "root"
     w = Writer(root, rapl=False)
     out = tmp_path / "cell"
-    payload = [sys.executable, "-c", "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); "
-               "time.sleep(1.5)"]
+    payload = [
+        sys.executable,
+        "-c",
+        "import time; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); time.sleep(1.5)",
+    ]
     w.start()
     try:
-        p = subprocess.run([str(bindir / "sh"), str(PAYLOADS / "run_payload.sh"), str(out), "100", str(root),
-                            "--", *payload], env=env, capture_output=True, text=True, timeout=60)
+        p = subprocess.run(
+            [str(bindir / "sh"), str(PAYLOADS / "run_payload.sh"), str(out), "100", str(root), "--", *payload],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     finally:
         w.stop.set()
         w.join()
@@ -93,15 +108,49 @@ def test_put_writes_verifies_and_commits(android_env, tmp_path, how):
     data = os.urandom((17 << 20) + 7)
     sha = hashlib.sha256(data).hexdigest()
     dst = tmp_path / "cache" / "ab" / "model.gguf"
-    p = subprocess.run([str(bindir / "sh"), "-c", put_script(), "devicelab", how, f"{dst}.part", str(len(data)),
-                        sha, str(dst), f"{dst}.ok", ""], input=data, env=env, capture_output=True, timeout=60)
+    p = subprocess.run(
+        [
+            str(bindir / "sh"),
+            "-c",
+            put_script(),
+            "devicelab",
+            how,
+            f"{dst}.part",
+            str(len(data)),
+            sha,
+            str(dst),
+            f"{dst}.ok",
+            "",
+        ],
+        input=data,
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     assert p.returncode == 0, p.stderr
     assert p.stdout.decode().split()[0] == sha
     assert dst.read_bytes() == data and (tmp_path / "cache/ab/model.gguf.ok").read_text().strip() == sha
     assert not Path(f"{dst}.part").exists()
     # a short stream (the link broke) is refused, never committed
     bad = tmp_path / "cache" / "cd" / "x.bin"
-    p = subprocess.run([str(bindir / "sh"), "-c", put_script(), "devicelab", how, f"{bad}.part", str(len(data)),
-                        sha, str(bad), f"{bad}.ok", ""], input=data[:1000], env=env, capture_output=True, timeout=60)
+    p = subprocess.run(
+        [
+            str(bindir / "sh"),
+            "-c",
+            put_script(),
+            "devicelab",
+            how,
+            f"{bad}.part",
+            str(len(data)),
+            sha,
+            str(bad),
+            f"{bad}.ok",
+            "",
+        ],
+        input=data[:1000],
+        env=env,
+        capture_output=True,
+        timeout=60,
+    )
     assert p.returncode == 28 and b"short write" in p.stderr
     assert not bad.exists() and not Path(f"{bad}.ok").exists()

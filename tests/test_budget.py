@@ -28,11 +28,23 @@ GB = 1e9
 # Llama-3.2-1B / -3B (their published config.json): layers, KV heads, head dim; and the published GGUF files'
 # sizes (bartowski's Llama-3.2-{1B,3B}-Instruct-GGUF)
 SHAPES = {"1B": (16, 8, 64), "3B": (28, 8, 128)}
-FILES = {("1B", "q4_k_m"): 0.808 * GB, ("1B", "q5_k_m"): 0.912 * GB, ("1B", "q8_0"): 1.32 * GB,
-         ("3B", "q4_k_m"): 2.02 * GB, ("3B", "q5_k_m"): 2.32 * GB, ("3B", "q8_0"): 3.42 * GB}
+FILES = {
+    ("1B", "q4_k_m"): 0.808 * GB,
+    ("1B", "q5_k_m"): 0.912 * GB,
+    ("1B", "q8_0"): 1.32 * GB,
+    ("3B", "q4_k_m"): 2.02 * GB,
+    ("3B", "q5_k_m"): 2.32 * GB,
+    ("3B", "q8_0"): 3.42 * GB,
+}
 # the published guidance: the smallest phone (GB of RAM) for each model and quant
-GUIDANCE = {("1B", "q4_k_m"): 4, ("3B", "q4_k_m"): 6, ("1B", "q5_k_m"): 6, ("3B", "q5_k_m"): 8,
-            ("1B", "q8_0"): 8, ("3B", "q8_0"): 12}
+GUIDANCE = {
+    ("1B", "q4_k_m"): 4,
+    ("3B", "q4_k_m"): 6,
+    ("1B", "q5_k_m"): 6,
+    ("3B", "q5_k_m"): 8,
+    ("1B", "q8_0"): 8,
+    ("3B", "q8_0"): 12,
+}
 # MemTotal of real phones of each marketed size (the kernel sees less than is fitted)
 MEMTOTAL_KB = {4: 3_764_920, 6: 5_722_384, 8: 7_713_004, 12: 11_534_112}
 
@@ -58,12 +70,27 @@ def test_the_phone_rule_against_the_published_guidance():
         assert b.source == "phone rule" and f"a {gb} GB phone" in b.detail
         for (m, q), size in FILES.items():
             for metric, v in (("decode_tps", 10.0), ("kld_mean", 0.01)):
-                rows.append(row(device=f"{gb}gb", model=m, quant=q, metric=metric, value=v, phase="decode",
-                                model_bytes=int(size), bpw=8 * size / 1.2e9, kv_bytes_per_token=kv_per_token(m),
-                                ram_budget_bytes=b.bytes, ram_budget_source=b.line()))
+                rows.append(
+                    row(
+                        device=f"{gb}gb",
+                        model=m,
+                        quant=q,
+                        metric=metric,
+                        value=v,
+                        phase="decode",
+                        model_bytes=int(size),
+                        bpw=8 * size / 1.2e9,
+                        kv_bytes_per_token=kv_per_token(m),
+                        ram_budget_bytes=b.bytes,
+                        ram_budget_source=b.line(),
+                    )
+                )
     recs = recommend(pd.DataFrame(rows), RecommendSpec(context=2048))
-    fits = {(c.model, c.quant, int(r.device[:-2])): not any(f.startswith("needs") for f in c.failures)
-            for r in recs for c in r.candidates}
+    fits = {
+        (c.model, c.quant, int(r.device[:-2])): not any(f.startswith("needs") for f in c.failures)
+        for r in recs
+        for c in r.candidates
+    }
     assert len(fits) == 24
     disagree = {k for k, f in fits.items() if f != (k[2] >= GUIDANCE[k[:2]])}
     # the one cell no rule that follows memory need can meet: the guidance puts 3B Q4_K_M on 6 GB phones and
@@ -86,8 +113,9 @@ def test_linux_memavailable_at_idle(tmp_path):
     have = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()}
     assert b.source == "MemAvailable"
     assert abs(b.bytes - have["MemAvailable"]) < 0.1 * have["MemTotal"]
-    assert budget.from_facts(f, override=3 * 1024**3) == budget.Budget(3 * 1024**3, "lab file",
-                                                                        "ram_budget_bytes 3.00 GiB")
+    assert budget.from_facts(f, override=3 * 1024**3) == budget.Budget(
+        3 * 1024**3, "lab file", "ram_budget_bytes 3.00 GiB"
+    )
     assert budget.battery(f) == (None, "no battery capacity readable")
 
 
@@ -103,7 +131,7 @@ def test_phone_lmk_threshold_and_battery_from_a_fixture_tree(tmp_path):
     t = LocalTransport("phone", root=str(tmp_path / "wd"))
     f = collect(t, str(REPO / "device_payloads"), str(root))
     assert f["mem.lmk_minfree"] == "18432,23040,27648,32256,55296,80640"
-    f["android.model"] = "Peer 7"          # this machine is no phone: its facts say so
+    f["android.model"] = "Peer 7"  # this machine is no phone: its facts say so
     b = budget.from_facts(f)
     have = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()}
     assert b.source == "MemAvailable" and "foreground threshold 72 MiB" in b.detail
@@ -128,6 +156,7 @@ def test_mac_vm_stat_memory_pressure_and_battery(tmp_path):
     _standin(bin_, "ioreg", (FIXTURES / "snapshots/ioreg-AppleSmartBattery.txt").read_text())
     t = LocalTransport("mac", root=str(tmp_path / "wd"))
     import os
+
     old = os.environ["PATH"]
     os.environ["PATH"] = f"{bin_}:{old}"
     try:
@@ -147,8 +176,13 @@ def test_mac_vm_stat_memory_pressure_and_battery(tmp_path):
 def test_dumpsys_meminfo_free_ram():
     text = (FIXTURES / "snapshots/dumpsys-meminfo.txt").read_text()
     assert budget.dumpsys_free_kb(text) == 3_503_356
-    b = budget.from_facts({"android.model": "x", "mem.available_kB": "2000000",
-                           "mem.dumpsys_free": " Free RAM: 3,503,356K (  380,348K cached pss + …)"})
+    b = budget.from_facts(
+        {
+            "android.model": "x",
+            "mem.available_kB": "2000000",
+            "mem.dumpsys_free": " Free RAM: 3,503,356K (  380,348K cached pss + …)",
+        }
+    )
     assert b.source == "dumpsys meminfo" and b.bytes == 3_503_356 * 1024
 
 
@@ -157,17 +191,36 @@ def _cands(quant_acc: dict, tasks=("easy", "hard"), energy=True):
     rows = []
     for q, accs in quant_acc.items():
         size = {"f16": 270e6, "q8_0": 145e6, "q4_0": 80e6, "q2_k": 60e6}[q]
-        common = dict(device="phone", model="m", quant=q, model_bytes=int(size), bpw=8 * size / 135e6,
-                      kv_bytes_per_token=1000, ram_budget_bytes=2 * 1024**3, ram_budget_source="MemAvailable: x",
-                      battery_wh=17.0, battery_source="energy_full 17.00 Wh", threads=2)
+        common = dict(
+            device="phone",
+            model="m",
+            quant=q,
+            model_bytes=int(size),
+            bpw=8 * size / 135e6,
+            kv_bytes_per_token=1000,
+            ram_budget_bytes=2 * 1024**3,
+            ram_budget_source="MemAvailable: x",
+            battery_wh=17.0,
+            battery_source="energy_full 17.00 Wh",
+            threads=2,
+        )
         rows.append(row(metric="decode_tps", value=20.0, phase="decode", n_gen=64, **common))
         rows.append(row(metric="kld_mean", value=0.01, phase="", **common))
         if energy:
             cal = '{"source": "battery:battery", "current_unit": "uA", "current_sign": -1.0}'
-            rows.append(row(metric="energy_per_token", value=0.5, phase="prefill", n_prompt=512,
-                            energy_calibration=cal, **common))
-            rows.append(row(metric="energy_per_token", value=2.0, phase="decode", n_gen=64,
-                            energy_calibration=cal, **common))
+            rows.append(
+                row(
+                    metric="energy_per_token",
+                    value=0.5,
+                    phase="prefill",
+                    n_prompt=512,
+                    energy_calibration=cal,
+                    **common,
+                )
+            )
+            rows.append(
+                row(metric="energy_per_token", value=2.0, phase="decode", n_gen=64, energy_calibration=cal, **common)
+            )
         for t, a in zip(tasks, accs, strict=True):
             if a is not None:
                 rows.append(row(metric="accuracy", value=a, phase="eval", test=t, **common))
@@ -179,7 +232,7 @@ def test_relative_bar_per_task_picks_and_energy_per_prompt():
     spec = RecommendSpec(context=512, max_accuracy_drop=2, prefer="smallest")
     (r,) = recommend(rows, spec)
     c = {c.quant: c for c in r.candidates}
-    assert r.pick.quant == "q8_0"          # q4_0 loses 10 points on the hard task
+    assert r.pick.quant == "q8_0"  # q4_0 loses 10 points on the hard task
     assert "hard: accuracy 70.0% is 10.0 points below the base's 80.0% (> 2)" in c["q4_0"].failures
     assert not c["q8_0"].failures and not c["f16"].failures
     # per task: the easy task ships q4_0, the hard one q8_0
@@ -208,7 +261,8 @@ def test_a_quant_whose_base_was_never_measured_is_not_judged():
     q4 = next(c for c in r.candidates if c.quant == "q4_0")
     assert [f for f in q4.failures if "not judged" in f] == [
         "not judged on hard: the unquantized base (f32/bf16/f16) was never measured on this task on this device: "
-        "add f16 to the recipe's quants"]
+        "add f16 to the recipe's quants"
+    ]
 
 
 def test_budget_rule_numbers():

@@ -33,12 +33,13 @@ def test_battery_calibration_carries_to_a_later_cell(tmp_path, host_build, smol_
         w.stop.set()
         w.join()
     from devicelab.ledger import Ledger
+
     rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     pw = rows[(rows.metric == "power_mean") & (rows.phase == "cell")].sort_values("row_id")
     assert len(pw) == 2, "run 2 re-ran nothing of run 1"
     first, second = (json.loads(c) for c in pw.energy_calibration)
     assert first["method"] == "charge_counter" and (first["current_unit"], first["current_sign"]) == ("uA", -1.0)
     assert second["method"] == f"device calibration (charge_counter in cell {pw.cell_id.iloc[0]})"
-    assert list(pw.value) == pytest.approx([0.008 * 3.8] * 2, rel=1e-6)      # 8 mA × 3.8 V, drawn (positive)
+    assert list(pw.value) == pytest.approx([0.008 * 3.8] * 2, rel=1e-6)  # 8 mA × 3.8 V, drawn (positive)
     # every energy figure of the cell carries its calibration
     assert rows[rows.metric.isin(["energy", "power_mean"])].energy_calibration.notna().all()

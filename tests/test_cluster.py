@@ -26,38 +26,67 @@ BENCH = "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\
 
 
 def recipe(path, name, devices, quants):
-    path.write_text(f"name: {name}\ndevices: [{', '.join(devices)}]\nmodels: [{{name: smollm2-135m}}]\n"
-                    f"quants: [{', '.join(quants)}]\npayloads:\n{BENCH}"
-                    "recommend: {context: 512, min_decode_tps: 0.1}\n")
+    path.write_text(
+        f"name: {name}\ndevices: [{', '.join(devices)}]\nmodels: [{{name: smollm2-135m}}]\n"
+        f"quants: [{', '.join(quants)}]\npayloads:\n{BENCH}"
+        "recommend: {context: 512, min_decode_tps: 0.1}\n"
+    )
     return path
 
 
 def cells(db, recipe_name):
     con = sqlite3.connect(db)
-    return {r[0]: dict(zip(("device", "status", "error", "attempts"), r[1:], strict=True)) for r in con.execute(
-        "SELECT cell_id, device, status, error, attempts FROM cells WHERE recipe=?", (recipe_name,))}
+    return {
+        r[0]: dict(zip(("device", "status", "error", "attempts"), r[1:], strict=True))
+        for r in con.execute(
+            "SELECT cell_id, device, status, error, attempts FROM cells WHERE recipe=?", (recipe_name,)
+        )
+    }
 
 
 def running(db, device) -> bool:
     try:
-        return sqlite3.connect(db).execute("SELECT count(*) FROM cells WHERE status='running' AND device=?",
-                                           (device,)).fetchone()[0] > 0
+        return (
+            sqlite3.connect(db)
+            .execute("SELECT count(*) FROM cells WHERE status='running' AND device=?", (device,))
+            .fetchone()[0]
+            > 0
+        )
     except sqlite3.Error:
         return False
 
 
 def on(host, *args, timeout=300):
     """The CLI on a lab host (inside its namespace)."""
-    return subprocess.run([*host.prefix(), sys.executable, "-m", "devicelab.cli", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [*host.prefix(), sys.executable, "-m", "devicelab.cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def start_run(net, r, lab, lab_dir, log):
     """`devicelab run --cluster` on the head (in its namespace)."""
-    return subprocess.Popen([*net.prefix(), sys.executable, "-m", "devicelab.cli", "run", str(r), "--lab", str(lab),
-                             "--lab-dir", str(lab_dir), "--cluster", net.address], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT,
-                            env={**os.environ, "DEVICELAB_CLUSTER_WAIT_NOTE_S": "1", "COLUMNS": "200"})
+    return subprocess.Popen(
+        [
+            *net.prefix(),
+            sys.executable,
+            "-m",
+            "devicelab.cli",
+            "run",
+            str(r),
+            "--lab",
+            str(lab),
+            "--lab-dir",
+            str(lab_dir),
+            "--cluster",
+            net.address,
+        ],
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "DEVICELAB_CLUSTER_WAIT_NOTE_S": "1", "COLUMNS": "200"},
+    )
 
 
 def one_error_line(p) -> str:
@@ -81,9 +110,13 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     w2.start_board(tmp_path / "board2")
     lab = tmp_path / "lab.yaml"
     # board1 on w1, board2 on w2, `here` (this machine, no lab_host) on the head, ghost on a host that has it not
-    lab.write_text("devices:\n" + w1.lab_entry("board1") + w2.lab_entry("board2")
-                   + f"  - {{name: here, workdir: {tmp_path}/here}}\n"
-                   + "  - {name: ghost, transport: ssh, host: 127.0.0.1, port: 9, lab_host: w3}\n")
+    lab.write_text(
+        "devices:\n"
+        + w1.lab_entry("board1")
+        + w2.lab_entry("board2")
+        + f"  - {{name: here, workdir: {tmp_path}/here}}\n"
+        + "  - {name: ghost, transport: ssh, host: 127.0.0.1, port: 9, lab_host: w3}\n"
+    )
     net.start_head(lab, tmp_path / "head.log")
 
     # a worker is refused in one line: a device of it missing, no device for it, another devicelab than the head's
@@ -92,15 +125,19 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     nobody = on(w1, "worker", "--address", net.address, "--lab", lab, "--host", "nobody")
     assert "places no device on lab host nobody" in one_error_line(nobody)
     real = net.identity()
-    net.set_identity({**real, "code": "0" * 16})      # the head now says it runs another devicelab
+    net.set_identity({**real, "code": "0" * 16})  # the head now says it runs another devicelab
     other = on(w1, "worker", "--address", net.address, "--lab", lab, "--host", "w1")
     assert "lab host w1 refused: this host's devicelab" in one_error_line(other)
     net.set_identity(real)
 
     for h in (w1, w2):
         h.join(lab, tmp_path / f"cache-{h.name}", tmp_path / f"{h.name}.log")
-    wait_for(lambda: net.advertised() == {"board1": "w1", "board2": "w2", "here": "head"}, 180,
-             "both lab hosts to join", every=1)
+    wait_for(
+        lambda: net.advertised() == {"board1": "w1", "board2": "w2", "here": "head"},
+        180,
+        "both lab hosts to join",
+        every=1,
+    )
     # Ray listens on every address of a namespace: these are only loopback and the test's own; none on this
     # machine's own namespace (where its outward address is), none in another
     listening = net.listening()
@@ -128,7 +165,7 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
 
     rows = pd_rows(db)
     assert set(rows[rows.device == "board2"].lab_host) == {"w2"}
-    assert set(rows[rows.device == "here"].lab_host) == {"head"}        # its lane ran in the head's process
+    assert set(rows[rows.device == "here"].lab_host) == {"head"}  # its lane ran in the head's process
     # the model and the build reached w2 once, by content hash, into its own cache
     assert list((tmp_path / "cache-w2" / "blobs").rglob("*.gguf.verified"))
 
@@ -136,8 +173,14 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     w1.join(lab, tmp_path / "cache-w1", tmp_path / "w1.log")
     wait_for(lambda: net.advertised().get("board1") == "w1", 180, "w1 to join again", every=1)
     a2 = start_run(net, ra, lab, lab_dir, tmp_path / "a2.log")
-    wait_for(lambda: any(c["device"] == "board1" and c["status"] == "done" for c in cells(db, "across").values())
-             or a2.poll() is not None, 600, "a board1 cell to finish")
+    wait_for(
+        lambda: (
+            any(c["device"] == "board1" and c["status"] == "done" for c in cells(db, "across").values())
+            or a2.poll() is not None
+        ),
+        600,
+        "a board1 cell to finish",
+    )
     done_before = {k for k, c in cells(db, "across").items() if c["status"] == "done"}
     a2.kill()
     a2.wait(30)
@@ -147,8 +190,12 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     assert {k for k, c in cells(db, "across").items() if c["status"] == "done"} >= done_before
     for h in (w1, w2):
         h.join(lab, tmp_path / f"cache-{h.name}", tmp_path / f"{h.name}.log")
-    wait_for(lambda: net.advertised() == {"board1": "w1", "board2": "w2", "here": "head"}, 180,
-             "both lab hosts to join again", every=1)
+    wait_for(
+        lambda: net.advertised() == {"board1": "w1", "board2": "w2", "here": "head"},
+        180,
+        "both lab hosts to join again",
+        every=1,
+    )
     a3 = start_run(net, ra, lab, lab_dir, tmp_path / "a3.log")
     assert a3.wait(600) == 0, (tmp_path / "a3.log").read_text()[-4000:]
     final = cells(db, "across")
@@ -181,6 +228,7 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
 
 def pd_rows(db):
     from devicelab.ledger import Ledger
+
     return Ledger(db).rows_frame()
 
 
@@ -207,17 +255,17 @@ def test_a_node_cache_takes_a_file_once_and_only_whole(tmp_path, monkeypatch):
 
     def read(off, n):
         reads.append((off, n))
-        return data[off:off + n]
+        return data[off : off + n]
 
     p = blobs.fetch(sha, "m.gguf", len(data), read)
     assert p.read_bytes() == data and len(reads) == 5
-    assert blobs.fetch(sha, "m.gguf", len(data), read) == p and len(reads) == 5       # kept: not read again
+    assert blobs.fetch(sha, "m.gguf", len(data), read) == p and len(reads) == 5  # kept: not read again
     bad = hashlib.sha256(b"other").hexdigest()
     with pytest.raises(RetryableError, match="arrived with sha256"):
         blobs.fetch(bad, "x.gguf", len(data), read)
     assert not list((tmp_path / "cache").rglob("x.gguf*"))
-    with pytest.raises(RetryableError):              # the head stopped answering half way
-        blobs.fetch(sha[::-1], "y.gguf", len(data), lambda off, n: data[off:off + n] if off < 2000 else b"")
+    with pytest.raises(RetryableError):  # the head stopped answering half way
+        blobs.fetch(sha[::-1], "y.gguf", len(data), lambda off, n: data[off : off + n] if off < 2000 else b"")
     assert not list((tmp_path / "cache").rglob("y.gguf*"))
 
 

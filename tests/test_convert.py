@@ -48,6 +48,7 @@ def test_checkpoint_imatrix_iquants_and_lora_in_a_real_run(tiny, host_build):
     p = devicelab("run", recipe, "--lab-dir", d / "lab", timeout=3600)
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
+
     rows = Ledger(ledger_path(d / "lab")).rows_frame()
     assert set(rows.model) == {"tiny", "tiny-ft"} and set(rows.quant) == {"bf16", "q8_0", "iq4_xs", "iq3_s"}
     dec = rows[rows.metric == "decode_tps"]
@@ -68,18 +69,24 @@ def test_checkpoint_imatrix_iquants_and_lora_in_a_real_run(tiny, host_build):
     assert src["tiny-ft"]["lora"]["spec"] == str(lora)
     # the merged model is another model: its logits differ measurably from the base's
     from llama_cpp import Llama
+
     files = {m: rows[(rows.model == m) & (rows.quant == "bf16")].model_sha256.iloc[0] for m in ("tiny", "tiny-ft")}
     assert files["tiny"] != files["tiny-ft"]
     from devicelab import paths
+
     logits = {}
     for m in ("tiny", "tiny-ft"):
-        (f,) = [x for x in paths.sub("models").glob(f"{m}/*/{m}-*.gguf")
-                if json.loads(x.with_name(x.name + ".devicelab.json").read_text())["sha256"] == files[m]]
+        (f,) = [
+            x
+            for x in paths.sub("models").glob(f"{m}/*/{m}-*.gguf")
+            if json.loads(x.with_name(x.name + ".devicelab.json").read_text())["sha256"] == files[m]
+        ]
         llm = Llama(model_path=str(f), n_ctx=64, logits_all=True, verbose=False)
         toks = llm.tokenize(b"The build uses cmake and a compiler.")
         llm.eval(toks)
         logits[m] = llm.scores[: len(toks)].copy()
     import numpy as np
+
     diff = np.abs(logits["tiny"] - logits["tiny-ft"]).max()
     assert diff > 0.05, diff
 
@@ -101,6 +108,7 @@ def test_a_checkpoint_and_an_adapter_from_the_hub_cache(tiny, tmp_path, host_bui
     from test_hub import _put
 
     from devicelab.models import store
+
     d, text, ck, lora = tiny
     root = tmp_path / "hub"
     commit = "3" * 40
@@ -115,6 +123,7 @@ def test_a_checkpoint_and_an_adapter_from_the_hub_cache(tiny, tmp_path, host_bui
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["arch"] == "llama"
     import huggingface_hub.constants as c
+
     old = c.HF_HUB_CACHE, c.HF_HUB_OFFLINE
     c.HF_HUB_CACHE, c.HF_HUB_OFFLINE = str(root), True
     try:
@@ -126,4 +135,3 @@ def test_a_checkpoint_and_an_adapter_from_the_hub_cache(tiny, tmp_path, host_bui
     assert ms.checkpoint.name == commit and (folder / "adapter_config.json").exists() and prov["commit"] == commit
     # the same content as the local folder: converted once, the same GGUF
     assert ms.path == store.resolve_model(str(ck)).path
-

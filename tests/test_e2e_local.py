@@ -24,6 +24,7 @@ def lab(tmp_path_factory, host_build, smol_path):
 
 def frame(lab_dir):
     from devicelab.ledger import Ledger
+
     return Ledger(ledger_path(lab_dir)).rows_frame(recipe="e2e-small")
 
 
@@ -31,7 +32,7 @@ def test_bench_rows_real_and_repetitions_stored(lab):
     rows = frame(lab[0])
     dec = rows[rows.metric == "decode_tps"]
     pre = rows[rows.metric == "prefill_tps"]
-    assert len(dec) == 4 * 2 and len(pre) == 4 * 2            # 4 quants × 2 thread counts
+    assert len(dec) == 4 * 2 and len(pre) == 4 * 2  # 4 quants × 2 thread counts
     assert (dec.value > 0).all() and (pre.value > 0).all()
     assert set(dec.threads) == {1, 2} and (dec.n == 2).all()
     assert all(len(json.loads(s)) == 2 for s in dec.samples)
@@ -65,7 +66,7 @@ def test_peak_rss_plausible(lab):
     rss = rows[(rows.metric == "peak_rss") & (rows.payload == "bench")]
     assert rss.value.notna().all()
     for _, r in rss.iterrows():
-        assert r.model_bytes < r.value < r.model_bytes + 2 * 1024**3   # weights are mapped and touched
+        assert r.model_bytes < r.value < r.model_bytes + 2 * 1024**3  # weights are mapped and touched
 
 
 def test_rerun_executes_no_finished_cell(lab):
@@ -82,7 +83,7 @@ def test_rerun_executes_no_finished_cell(lab):
 def test_recommendation_printed_and_reproducible_from_export(lab, tmp_path):
     d, first = lab
     assert "local: ship smollm2-135m" in first.stdout
-    assert "q2_k" in first.stdout and "mean KLD" in first.stdout      # the reason q2_k lost
+    assert "q2_k" in first.stdout and "mean KLD" in first.stdout  # the reason q2_k lost
     out = tmp_path / "results.parquet"
     devicelab("results", "--lab-dir", d, "--export", out, check=True)
     csv = tmp_path / "results.csv"
@@ -99,11 +100,14 @@ def test_recommendation_printed_and_reproducible_from_export(lab, tmp_path):
 
 def test_import_llama_bench_jsonl(tmp_path):
     src = tmp_path / "bench.jsonl"
-    src.write_text("\n".join(l.split("\t", 1)[1] for l in
-                             (FIXTURES / "llama-bench-q4_k_m.stdout.tsv").read_text().splitlines()) + "\n")
+    src.write_text(
+        "\n".join(l.split("\t", 1)[1] for l in (FIXTURES / "llama-bench-q4_k_m.stdout.tsv").read_text().splitlines())
+        + "\n"
+    )
     p = devicelab("import-bench", src, "--device", "laptop", "--lab-dir", tmp_path, check=True)
     assert "imported 4 rows" in p.stdout
     from devicelab.ledger import Ledger
+
     rows = Ledger(ledger_path(tmp_path)).rows_frame(recipe="imported")
     assert set(rows.metric) == {"prefill_tps", "decode_tps", "test_seconds"}
     assert (rows.device == "laptop").all() and rows.bpw.iloc[0] == pytest.approx(103668480 * 8 / 134515008)

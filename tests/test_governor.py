@@ -46,14 +46,18 @@ def test_pin_and_restore(tmp_path, shell):
 def test_executor_pins_records_and_restores(tmp_path, host_build, smol_path):
     root = cpufreq_tree(tmp_path / "root")
     lab = tmp_path / "lab.yaml"
-    lab.write_text(f"devices:\n  - name: pinned\n    transport: local\n    governor: performance\n"
-                   f"    telemetry_root: {root}\n")
+    lab.write_text(
+        f"devices:\n  - name: pinned\n    transport: local\n    governor: performance\n    telemetry_root: {root}\n"
+    )
     r = tmp_path / "r.yaml"
-    r.write_text("name: gov\ndevices: [pinned]\nmodels: [{name: smollm2-135m}]\nquants: [q4_0]\npayloads:\n"
-                 "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n")
+    r.write_text(
+        "name: gov\ndevices: [pinned]\nmodels: [{name: smollm2-135m}]\nquants: [q4_0]\npayloads:\n"
+        "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n"
+    )
     p = devicelab("run", r, "--lab", lab, "--lab-dir", tmp_path / "out")
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
+
     rows = Ledger(ledger_path(tmp_path / "out")).rows_frame()
     assert (rows.governor == "pinned 3 performance").all()
-    assert govs(root) == ["schedutil"] * 3            # restored after the device's cells
+    assert govs(root) == ["schedutil"] * 3  # restored after the device's cells

@@ -22,21 +22,35 @@ def _tree(root: Path, files: dict) -> Path:
     return root
 
 
-ADRENO = {"sys/class/kgsl/kgsl-3d0/gpuclk": 585000000, "sys/class/kgsl/kgsl-3d0/gpubusy": "   6250    25000",
-          "sys/class/kgsl/kgsl-3d0/temp": 51300, "sys/class/kgsl/kgsl-3d0/devfreq/cur_freq": 585000000}
+ADRENO = {
+    "sys/class/kgsl/kgsl-3d0/gpuclk": 585000000,
+    "sys/class/kgsl/kgsl-3d0/gpubusy": "   6250    25000",
+    "sys/class/kgsl/kgsl-3d0/temp": 51300,
+    "sys/class/kgsl/kgsl-3d0/devfreq/cur_freq": 585000000,
+}
 MALI = {"sys/class/devfreq/13000000.gpu/cur_freq": 848000000, "sys/class/devfreq/dmc/cur_freq": 2133000000}
-JETSON = {"sys/devices/platform/gpu.0/load": 730,
-          "sys/class/hwmon/hwmon1/name": "ina3221", "sys/class/hwmon/hwmon1/in1_label": "VDD_IN",
-          "sys/class/hwmon/hwmon1/in1_input": 5000, "sys/class/hwmon/hwmon1/curr1_input": 1200,
-          "sys/class/hwmon/hwmon1/in2_label": "VDD_CPU_GPU_CV", "sys/class/hwmon/hwmon1/in2_input": 5000,
-          "sys/class/hwmon/hwmon1/curr2_input": 400}
+JETSON = {
+    "sys/devices/platform/gpu.0/load": 730,
+    "sys/class/hwmon/hwmon1/name": "ina3221",
+    "sys/class/hwmon/hwmon1/in1_label": "VDD_IN",
+    "sys/class/hwmon/hwmon1/in1_input": 5000,
+    "sys/class/hwmon/hwmon1/curr1_input": 1200,
+    "sys/class/hwmon/hwmon1/in2_label": "VDD_CPU_GPU_CV",
+    "sys/class/hwmon/hwmon1/in2_input": 5000,
+    "sys/class/hwmon/hwmon1/curr2_input": 400,
+}
 
 
 def _sample(shell, root, out, seconds=0.6):
     payload = subprocess.Popen(["sleep", str(seconds)])
     try:
-        p = subprocess.run([*shell, str(SAMPLER), "-o", str(out), "-p", str(payload.pid), "-i", "100", "-R",
-                            str(root), "-S"], check=True, timeout=30, stderr=subprocess.PIPE, text=True)
+        p = subprocess.run(
+            [*shell, str(SAMPLER), "-o", str(out), "-p", str(payload.pid), "-i", "100", "-R", str(root), "-S"],
+            check=True,
+            timeout=30,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert p.stderr == ""
     finally:
         payload.wait()
@@ -54,7 +68,7 @@ def test_adreno_mali_and_jetson_trees(tmp_path, shell):
     assert a["gpu_temp_max"].value == pytest.approx(51.3)
     assert math.isnan(a["gpu_power_mean"].value) and "no GPU telemetry" in a["gpu_power_mean"].missing_reason
     m = _by(_sample(shell, _tree(tmp_path / "mali", MALI), tmp_path / "m.csv"))
-    assert m["gpu_freq_mean"].value == pytest.approx(848e6)         # the GPU's devfreq, not the memory bus's
+    assert m["gpu_freq_mean"].value == pytest.approx(848e6)  # the GPU's devfreq, not the memory bus's
     assert math.isnan(m["gpu_busy_mean"].value)
     j = _by(_sample(shell, _tree(tmp_path / "jetson", JETSON), tmp_path / "j.csv"))
     assert j["gpu_busy_mean"].value == pytest.approx(0.73)

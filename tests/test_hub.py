@@ -22,6 +22,7 @@ C1, C2 = "1" * 40, "2" * 40
 def _put(storage: Path, commit: str, name: str, src: Path) -> None:
     """A file as hf_hub_download leaves it: its blob (named by sha256) and the snapshot's relative link."""
     from huggingface_hub.file_download import _create_symlink
+
     sha = hashlib.sha256(src.read_bytes()).hexdigest()
     blob = storage / "blobs" / sha
     blob.parent.mkdir(parents=True, exist_ok=True)
@@ -35,12 +36,24 @@ def _put(storage: Path, commit: str, name: str, src: Path) -> None:
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory, smol_path, host_build):
     from huggingface_hub.file_download import _cache_commit_hash_for_specific_revision, repo_folder_name
+
     root = tmp_path_factory.mktemp("hf") / "hub"
     storage = root / repo_folder_name(repo_id=REPO_ID, repo_type="model")
     parts = tmp_path_factory.mktemp("split")
     import subprocess
-    subprocess.run([host_build.tool("llama-gguf-split"), "--split", "--split-max-tensors", "100", smol_path,
-                    parts / "SmolLM2-135M-Q4_1"], check=True, capture_output=True)
+
+    subprocess.run(
+        [
+            host_build.tool("llama-gguf-split"),
+            "--split",
+            "--split-max-tensors",
+            "100",
+            smol_path,
+            parts / "SmolLM2-135M-Q4_1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     split = sorted(parts.glob("*.gguf"))
     assert len(split) >= 2, split
     # revision 1 (tag v1): one file. revision 2 (main): the same file renamed, and the split one
@@ -59,6 +72,7 @@ def cache(tmp_path_factory, smol_path, host_build):
 @pytest.fixture
 def offline(cache, monkeypatch):
     from huggingface_hub import constants
+
     root, _ = cache
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
@@ -128,9 +142,10 @@ def test_a_published_quant_is_measured_as_published(offline, host_build):
     """hf:REPO:Q4_1 with q4_1 in the ladder: that very file (its sha256), not a requantization of a base."""
     from devicelab.hashing import sha256_file
     from devicelab.models.ladder import Ladder
+
     r = hub.resolve(f"hf:{REPO_ID}:Q4_1")
     lad = Ladder("hub-smollm2", r.files[0], host_build.tool("llama-quantize"))
     q = lad.quant("q4_1")
     assert q.sha256 == sha256_file(r.files[0]) and q.manifest["as_published"]
-    q8 = lad.quant("q8_0")               # another quant is made from the base, as before
+    q8 = lad.quant("q8_0")  # another quant is made from the base, as before
     assert "as_published" not in q8.manifest and q8.manifest["base_sha256"] == lad.base().sha256

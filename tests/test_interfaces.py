@@ -35,7 +35,7 @@ def _implements(cls, proto) -> list[str]:
 
 def test_protocol_calls_are_the_declared_methods():
     assert {"stage", "build_progress", "progress", "cells", "lane", "cell_start", "cell_done"} == EVENT_CALLS
-    assert "artifacts_dir" not in LEDGER_CALLS          # a property: each side has its own folder
+    assert "artifacts_dir" not in LEDGER_CALLS  # a property: each side has its own folder
     assert {"begin_cell", "finish_cell", "fail_cell", "device_fact"} <= LEDGER_CALLS
 
 
@@ -65,7 +65,7 @@ def test_cluster_relays_are_derived_from_the_protocols():
     assert q.items == [("stage", ("hello",)), ("cell_done", ("c", True, "n")), ("cell_done", ("d", False, ""))]
     assert not hasattr(ev, "not_an_event")
 
-    class Head:                      # the head's ledger_call refuses what the Protocol does not name
+    class Head:  # the head's ledger_call refuses what the Protocol does not name
         ledger = None
 
     with pytest.raises(DevicelabError, match="no call"):
@@ -85,8 +85,7 @@ def test_host_op_is_made_once_per_key_whoever_asks(tmp_path):
     try:
         hw = HostWork(None, {}, tmp_path, Events())
         out: list = []
-        threads = [threading.Thread(target=lambda: out.append(hw.op("test-op-once", 1, {"a": 2})))
-                   for _ in range(4)]
+        threads = [threading.Thread(target=lambda: out.append(hw.op("test-op-once", 1, {"a": 2}))) for _ in range(4)]
         for t in threads:
             t.start()
         gate.set()

@@ -20,20 +20,28 @@ BENCH = "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\
 
 def recipe(tmp_path, devices, quants="[q8_0]", payloads=BENCH, name="lanes"):
     r = tmp_path / "r.yaml"
-    r.write_text(f"name: {name}\ndevices: [{', '.join(devices)}]\nmodels: [{{name: smollm2-135m}}]\n"
-                 f"quants: {quants}\npayloads:\n{payloads}recommend: {{context: 512, min_decode_tps: 0.1}}\n")
+    r.write_text(
+        f"name: {name}\ndevices: [{', '.join(devices)}]\nmodels: [{{name: smollm2-135m}}]\n"
+        f"quants: {quants}\npayloads:\n{payloads}recommend: {{context: 512, min_decode_tps: 0.1}}\n"
+    )
     return r
 
 
 def cells(db):
     con = sqlite3.connect(db)
-    return [dict(zip(("device", "quant", "status", "error"), r, strict=True))
-            for r in con.execute("SELECT device, quant, status, error FROM cells ORDER BY device, quant")]
+    return [
+        dict(zip(("device", "quant", "status", "error"), r, strict=True))
+        for r in con.execute("SELECT device, quant, status, error FROM cells ORDER BY device, quant")
+    ]
 
 
 def start_run(r, lab, lab_dir):
-    return subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(r), "--lab", str(lab),
-                             "--lab-dir", str(lab_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "devicelab.cli", "run", str(r), "--lab", str(lab), "--lab-dir", str(lab_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_running(db, proc, n, where="1=1", limit=600):
@@ -41,8 +49,11 @@ def wait_running(db, proc, n, where="1=1", limit=600):
     deadline = time.time() + limit
     while time.time() < deadline:
         try:
-            running = sqlite3.connect(db).execute(
-                f"SELECT count(*) FROM cells WHERE status='running' AND {where}").fetchone()[0]
+            running = (
+                sqlite3.connect(db)
+                .execute(f"SELECT count(*) FROM cells WHERE status='running' AND {where}")
+                .fetchone()[0]
+            )
         except sqlite3.Error:
             running = 0
         if running >= n:
@@ -61,10 +72,13 @@ def test_a_device_whose_setup_fails_beside_one_that_works(tmp_path, host_build, 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the broken device's work folder should go\n")
     lab = tmp_path / "lab.yaml"
-    lab.write_text(f"devices:\n  - {{name: broken, transport: local, workdir: '{blocker}/wd'}}\n"
-                   f"  - {{name: good, transport: local, workdir: '{tmp_path}/good-wd'}}\n")
-    p = devicelab("run", recipe(tmp_path, ["broken", "good"], "[q8_0, q4_0]"), "--lab", lab,
-                  "--lab-dir", tmp_path / "lab")
+    lab.write_text(
+        f"devices:\n  - {{name: broken, transport: local, workdir: '{blocker}/wd'}}\n"
+        f"  - {{name: good, transport: local, workdir: '{tmp_path}/good-wd'}}\n"
+    )
+    p = devicelab(
+        "run", recipe(tmp_path, ["broken", "good"], "[q8_0, q4_0]"), "--lab", lab, "--lab-dir", tmp_path / "lab"
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
     db = ledger_path(tmp_path / "lab")
@@ -73,10 +87,11 @@ def test_a_device_whose_setup_fails_beside_one_that_works(tmp_path, host_build, 
     broken = [c for c in st if c["device"] == "broken"]
     assert [c["status"] for c in broken] == ["failed", "failed"]
     # one line naming the device and the reason
-    assert all(c["error"].startswith("broken: ") and "not-a-folder" in c["error"] and "\n" not in c["error"]
-               for c in broken), broken
+    assert all(
+        c["error"].startswith("broken: ") and "not-a-folder" in c["error"] and "\n" not in c["error"] for c in broken
+    ), broken
     assert run_status(db) == "failed"
-    assert "good: " in p.stdout and "broken: " not in p.stdout    # good's results and recommendation only
+    assert "good: " in p.stdout and "broken: " not in p.stdout  # good's results and recommendation only
 
 
 @pytest.mark.e2e
@@ -84,12 +99,15 @@ def test_a_parser_that_meets_garbage_fails_that_cell_only(tmp_path, host_build, 
     """A device whose payloads print a garbage result line for one model file (a wrapper stands in for a
     broken build): that cell fails with one line; the device's other cell and the other device finish."""
     wrap = tmp_path / "garbage-wrapper"
-    wrap.write_text('#!/bin/sh\n"$@"; rc=$?\ncase "$*" in *q4_0*) echo \'{"avg_ts": 1, "samples_ts": 5}\';; esac\n'
-                    'exit $rc\n')
+    wrap.write_text(
+        '#!/bin/sh\n"$@"; rc=$?\ncase "$*" in *q4_0*) echo \'{"avg_ts": 1, "samples_ts": 5}\';; esac\nexit $rc\n'
+    )
     wrap.chmod(0o755)
     lab = tmp_path / "lab.yaml"
-    lab.write_text(f"devices:\n  - {{name: odd, transport: local, workdir: '{tmp_path}/odd-wd', "
-                   f"exec_prefix: ['{wrap}']}}\n  - {{name: fine, transport: local, workdir: '{tmp_path}/fine-wd'}}\n")
+    lab.write_text(
+        f"devices:\n  - {{name: odd, transport: local, workdir: '{tmp_path}/odd-wd', "
+        f"exec_prefix: ['{wrap}']}}\n  - {{name: fine, transport: local, workdir: '{tmp_path}/fine-wd'}}\n"
+    )
     p = devicelab("run", recipe(tmp_path, ["odd", "fine"], "[q8_0, q4_0]"), "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 1, p.stdout + p.stderr
     assert "Traceback" not in p.stderr
@@ -105,13 +123,22 @@ def test_lanes_run_at_once_and_say_what_else_ran(tmp_path, host_build, smol_path
     row says what else the lab ran on the host during its cell; the local device's cells never overlap a
     host-side step (they measure alone on the host's CPUs)."""
     lab = tmp_path / "lab.yaml"
-    lab.write_text("".join(["devices:\n"] + [f"  - {{name: {n}, transport: local, workdir: '{tmp_path}/{n}-wd', "
-                                             "host_cpus: false}\n" for n in ("a", "b")]))
+    lab.write_text(
+        "".join(
+            ["devices:\n"]
+            + [
+                f"  - {{name: {n}, transport: local, workdir: '{tmp_path}/{n}-wd', host_cpus: false}}\n"
+                for n in ("a", "b")
+            ]
+        )
+    )
     slow = "  - {kind: bench, prompt: [8], gen: [32], threads: [1], repetitions: 2}\n"
-    p = devicelab("run", recipe(tmp_path, ["a", "b"], "[q8_0, q4_0]", payloads=slow), "--lab", lab,
-                  "--lab-dir", tmp_path / "lab")
+    p = devicelab(
+        "run", recipe(tmp_path, ["a", "b"], "[q8_0, q4_0]", payloads=slow), "--lab", lab, "--lab-dir", tmp_path / "lab"
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
+
     rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     acts = rows.drop_duplicates("cell_id").set_index("device").host_activity.dropna()
     assert acts.loc["a"].str.contains("b cell").any() and acts.loc["b"].str.contains("a cell").any(), acts
@@ -184,7 +211,7 @@ def test_a_device_lost_mid_cell_beside_one_that_is_not(tmp_path, host_build, smo
     proc = start_run(r, lab, tmp_path / "lab")
     wait_running(db, proc, 1, "device='board'")
     time.sleep(1.0)
-    sshd.kill()                                          # the board goes away mid-cell
+    sshd.kill()  # the board goes away mid-cell
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 1, out + err
     assert "Traceback" not in err
@@ -194,7 +221,7 @@ def test_a_device_lost_mid_cell_beside_one_that_is_not(tmp_path, host_build, smo
     assert {c["status"] for c in board} == {"failed-retryable"}, board
     assert all(c["error"].startswith("board: ") for c in board)
     assert run_status(db) == "failed"
-    sshd.start()                                         # back: the run again finishes the board alone
+    sshd.start()  # back: the run again finishes the board alone
     p = devicelab("run", r, "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "4 cells, 2 already done, 2 ran, 0 failed" in p.stdout
@@ -208,15 +235,27 @@ def test_ctrl_c_stops_every_lane_and_puts_every_device_back(tmp_path, host_build
     cpufreq trees), the cut cells are failed-retryable, none is left running, and the run says it was
     interrupted; the next run finishes what was cut."""
     from test_governor import cpufreq_tree, govs
+
     roots = {n: cpufreq_tree(tmp_path / f"root-{n}") for n in ("a", "b")}
     lab = tmp_path / "lab.yaml"
-    lab.write_text("devices:\n" + "".join(
-        f"  - {{name: {n}, transport: local, workdir: '{tmp_path}/{n}-wd', host_cpus: false, governor: performance, "
-        f"telemetry_root: '{roots[n]}'}}\n" for n in roots))
-    r = recipe(tmp_path, ["a", "b"], "[q8_0, q4_0]",
-               payloads="  - {kind: bench, prompt: [64], gen: [128], threads: [1], repetitions: 3}\n", name="cut")
+    lab.write_text(
+        "devices:\n"
+        + "".join(
+            f"  - {{name: {n}, transport: local, workdir: '{tmp_path}/{n}-wd', host_cpus: false, governor: performance, "
+            f"telemetry_root: '{roots[n]}'}}\n"
+            for n in roots
+        )
+    )
+    r = recipe(
+        tmp_path,
+        ["a", "b"],
+        "[q8_0, q4_0]",
+        payloads="  - {kind: bench, prompt: [64], gen: [128], threads: [1], repetitions: 3}\n",
+        name="cut",
+    )
     db = ledger_path(tmp_path / "lab")
     import signal
+
     proc = start_run(r, lab, tmp_path / "lab")
     wait_running(db, proc, 2)
     assert all(govs(root) == ["performance"] * 3 for root in roots.values()), "pinned while the cells run"

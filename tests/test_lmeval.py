@@ -21,21 +21,26 @@ def test_declared_output_types_of_our_task_files():
     assert types == {"devicelab_copy": "generate_until", "devicelab_mc": "multiple_choice"}
 
 
-@pytest.mark.parametrize("route,task,needle", [
-    ("server-generate", "devicelab_mc", "no prompt logprobs"),
-    ("host-loglikelihood", "devicelab_copy", "use route: server-generate"),
-    ("server-generate", "hellaswag", "no prompt logprobs"),       # lm-eval's own task, from its index
-])
+@pytest.mark.parametrize(
+    "route,task,needle",
+    [
+        ("server-generate", "devicelab_mc", "no prompt logprobs"),
+        ("host-loglikelihood", "devicelab_copy", "use route: server-generate"),
+        ("server-generate", "hellaswag", "no prompt logprobs"),  # lm-eval's own task, from its index
+    ],
+)
 def test_a_route_that_cannot_score_a_task_is_refused_before_anything_runs(tmp_path, route, task, needle):
     recipe = tmp_path / "bad.yaml"
-    recipe.write_text(f"name: bad\nmodels: [{{name: smollm2-135m}}]\nquants: [q8_0]\npayloads:\n"
-                      f"  - {{kind: eval, route: {route}, include: {TASKS}, lm_tasks: [{task}]}}\n")
+    recipe.write_text(
+        f"name: bad\nmodels: [{{name: smollm2-135m}}]\nquants: [q8_0]\npayloads:\n"
+        f"  - {{kind: eval, route: {route}, include: {TASKS}, lm_tasks: [{task}]}}\n"
+    )
     lab = tmp_path / "lab"
     p = devicelab("run", recipe, "--lab-dir", lab)
     assert p.returncode != 0
     err = p.stderr.strip().splitlines()
     assert len(err) == 1 and needle in err[0] and "payloads.0" in err[0], p.stderr
-    assert not (ledger_path(lab)).exists()          # refused before a ledger or a build exists
+    assert not (ledger_path(lab)).exists()  # refused before a ledger or a build exists
     if task.startswith("devicelab_"):
         with pytest.raises(DevicelabError, match=needle):
             lmeval.check_tasks(route, [task], lmeval.declared_output_types(TASKS))
@@ -69,6 +74,7 @@ def routes(tmp_path_factory, host_build, smol_path):
     p = devicelab("run", d / "r.yaml", "--lab-dir", d / "lab", timeout=3600)
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
+
     return d, Ledger(ledger_path(d / "lab")).rows_frame()
 
 
@@ -81,7 +87,7 @@ def test_generation_task_through_llama_server_on_the_device(routes):
     # copying a word after two examples: q8_0 of a 135M model gets it (a broken route scores ~0)
     assert acc.value["q8_0"] >= 0.7, acc.value
     gen = r[(r.metric == "tokens_generated")].set_index("quant").value
-    assert (gen >= 20).all()                          # llama-server's own counter: every document generated
+    assert (gen >= 20).all()  # llama-server's own counter: every document generated
     assert r[r.metric == "eval_gen_tps"].value.gt(0).all()
     assert set(r[r.payload == "eval"].eval_engine.dropna()) >= {"llama-server + lm-eval"}
     # the server ran under the sampler like any payload: its peak RSS is that of a loaded model
@@ -91,11 +97,12 @@ def test_generation_task_through_llama_server_on_the_device(routes):
 
 def test_loglikelihood_task_on_the_host_through_llama_cpp_python(routes):
     from devicelab.ledger import Ledger
+
     d, r = routes
     acc = r[(r.metric == "accuracy") & (r.eval_route == "host-loglikelihood")].set_index("quant")
     assert set(acc.index) == {"q8_0", "q2_k"}
     assert (acc.n.astype(int) == 12).all() and acc.stddev.notna().all()
-    assert acc.value["q8_0"] > 0.5, acc.value         # easy items, chance is 25%
+    assert acc.value["q8_0"] > 0.5, acc.value  # easy items, chance is 25%
     assert acc.eval_engine.str.startswith("llama-cpp-python 0.3.36").all()
     # cached per (file, task files, engine): another lab (or device) with the same cell does not re-score
     only = d / "host-only.yaml"
@@ -109,8 +116,9 @@ def test_loglikelihood_task_on_the_host_through_llama_cpp_python(routes):
 
 def test_recommendation_uses_the_route_accuracies(routes):
     d, _ = routes
-    rec = json.loads(devicelab("recommend", "--lab-dir", d / "lab", "--recipe", d / "r.yaml", "--json",
-                               check=True).stdout)[0]
+    rec = json.loads(
+        devicelab("recommend", "--lab-dir", d / "lab", "--recipe", d / "r.yaml", "--json", check=True).stdout
+    )[0]
     assert {c["quant"] for c in rec["candidates"]} == {"q8_0", "q2_k"}
     assert all(c["accuracy"] is not None for c in rec["candidates"])
     con = sqlite3.connect(ledger_path(d / "lab"))
@@ -122,10 +130,12 @@ def test_a_server_that_cannot_start_fails_its_cell_with_the_reason(tmp_path, hos
     llama-server's own words, the run goes on to the next cell and nothing else is lost."""
     pytest.importorskip("lm_eval")
     r = tmp_path / "r.yaml"
-    r.write_text(f"name: dies\nmodels: [{{name: smollm2-135m}}]\nquants: [q4_0]\npayloads:\n"
-                 f"  - {{kind: eval, route: server-generate, include: {TASKS}, lm_tasks: [devicelab_copy], "
-                 "ctx: 8000000, limit: 2}\n"
-                 "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n")
+    r.write_text(
+        f"name: dies\nmodels: [{{name: smollm2-135m}}]\nquants: [q4_0]\npayloads:\n"
+        f"  - {{kind: eval, route: server-generate, include: {TASKS}, lm_tasks: [devicelab_copy], "
+        "ctx: 8000000, limit: 2}\n"
+        "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n"
+    )
     p = devicelab("run", r, "--lab-dir", tmp_path / "lab", timeout=900)
     assert p.returncode == 1, p.stdout + p.stderr
     con = sqlite3.connect(ledger_path(tmp_path / "lab"))

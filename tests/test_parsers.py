@@ -27,14 +27,26 @@ def test_bench_jsonl_rows_keep_every_repetition():
 
 def test_bench_without_results_is_an_error():
     from devicelab.errors import DevicelabError
+
     with pytest.raises(DevicelabError, match="no result line"):
         bench.rows(bench.parse("12.0\tload_backend: loaded CPU\n"))
 
 
 def test_bench_argv_is_a_list_with_every_axis():
-    a = bench.argv("/b/llama-bench", "/m x.gguf", bench.BenchParams(prompt=(64, 128), gen=(32,), pg=((64, 32),),
-                                                                   depth=(0, 512), threads=2, repetitions=5,
-                                                                   cpu_mask="0x3", warmup=False))
+    a = bench.argv(
+        "/b/llama-bench",
+        "/m x.gguf",
+        bench.BenchParams(
+            prompt=(64, 128),
+            gen=(32,),
+            pg=((64, 32),),
+            depth=(0, 512),
+            threads=2,
+            repetitions=5,
+            cpu_mask="0x3",
+            warmup=False,
+        ),
+    )
     assert a[:3] == ["/b/llama-bench", "-m", "/m x.gguf"]
     s = " ".join(a)
     for part in ("-p 64,128", "-n 32", "-pg 64,32", "-d 0,512", "-t 2", "-r 5", "-C 0x3", "--no-warmup", "-o jsonl"):
@@ -42,8 +54,12 @@ def test_bench_argv_is_a_list_with_every_axis():
 
 
 def test_kld_statistics_parsed():
-    rows = {r.metric: r for r in perplexity.parse_kld((FIXTURES / "perplexity-kld-q4_k_m.txt").read_text(),
-                                                      perplexity.KLDParams(ctx=128, chunks=8))}
+    rows = {
+        r.metric: r
+        for r in perplexity.parse_kld(
+            (FIXTURES / "perplexity-kld-q4_k_m.txt").read_text(), perplexity.KLDParams(ctx=128, chunks=8)
+        )
+    }
     assert rows["kld_mean"].value == pytest.approx(0.058373) and rows["kld_mean"].stddev == pytest.approx(0.005258)
     assert rows["ppl_ratio"].value == pytest.approx(1.040073)
     assert rows["same_top_p"].value == pytest.approx(0.87698)
@@ -69,5 +85,5 @@ def test_missing_value_needs_a_reason_and_unknown_metric_refused():
 def test_sampler_csv_from_a_real_run():
     tr = sampler_csv.parse((FIXTURES / "telemetry-local.csv").read_text())
     hwm = tr.columns(r"proc/\d+/VmHWM_kB")
-    assert hwm and tr.frame[hwm[0]].max() > 50_000       # llama-bench on SmolLM2: > 50 MB
+    assert hwm and tr.frame[hwm[0]].max() > 50_000  # llama-bench on SmolLM2: > 50 MB
     assert tr.frame["t_s"].is_monotonic_increasing

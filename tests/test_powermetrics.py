@@ -47,21 +47,22 @@ def test_parser_reads_energy_thermal_pressure_and_clusters():
     s = powermetrics.parse(PM.read_bytes())
     assert len(s) == 3, "the torn last sample is skipped"
     assert s[0]["elapsed_s"] == pytest.approx(0.100) and s[2]["elapsed_s"] == pytest.approx(0.102)
-    assert [x["energy_j"] for x in s] == pytest.approx([0.455, 1.670, 1.748])     # (cpu+gpu+ane) mJ → J
+    assert [x["energy_j"] for x in s] == pytest.approx([0.455, 1.670, 1.748])  # (cpu+gpu+ane) mJ → J
     assert s[1]["cpu_j"] == pytest.approx(1.63) and s[1]["gpu_j"] == pytest.approx(0.04)
-    assert [x["thermal_pressure"] for x in s] == [0, 0, 2]                       # Nominal, Nominal, Moderate
+    assert [x["thermal_pressure"] for x in s] == [0, 0, 2]  # Nominal, Nominal, Moderate
     assert s[0]["cluster_hz"] == {"E-Cluster": 2.02e9, "P-Cluster": 3.49e9}
 
 
 def test_only_combined_power_is_integrated_over_the_sample():
     import plistlib
+
     raw = plistlib.dumps({"elapsed_ns": 250_000_000, "processor": {"combined_power": 4000.0}})
     s = powermetrics.parse(raw)
-    assert s[0]["energy_j"] == pytest.approx(1.0) and s[0]["energy_from"] == "combined_power"   # 4 W × 0.25 s
+    assert s[0]["energy_j"] == pytest.approx(1.0) and s[0]["energy_from"] == "combined_power"  # 4 W × 0.25 s
 
 
 def test_summary_on_a_mac_takes_cell_energy_clock_and_throttle_from_powermetrics():
-    empty = sampler_csv.parse("# clock none\ntick,t_s\n0,\n1,\n")     # a Mac: no sysfs, no /proc/uptime
+    empty = sampler_csv.parse("# clock none\ntick,t_s\n0,\n1,\n")  # a Mac: no sysfs, no /proc/uptime
     pm = powermetrics.parse(PM.read_bytes())
     summ = normalize.summarize(empty, [normalize.Phase("tg64", "tg", 0, 1, 64)], None, {powermetrics.SOURCE.name: pm})
     by = {(r.metric, r.phase): r for r in summ.rows}

@@ -30,6 +30,7 @@ def lab(tmp_path_factory, host_build, smol_path):
 
 def rows(d):
     from devicelab.ledger import Ledger
+
     return Ledger(ledger_path(d)).rows_frame()
 
 
@@ -39,13 +40,16 @@ def test_two_model_frontier_and_recommendation(lab):
     assert set(r.model) >= {"smollm2-135m", "gemma3-270m"}
     acc = r[r.metric == "accuracy"]
     # the three routes, each for 2 models × the full 7-quant ladder and its f16 base
-    assert acc.groupby("eval_route").size().to_dict() == {"device-mc": 16, "host-loglikelihood": 16,
-                                                          "server-generate": 16}
+    assert acc.groupby("eval_route").size().to_dict() == {
+        "device-mc": 16,
+        "host-loglikelihood": 16,
+        "server-generate": 16,
+    }
     assert acc.value.between(0, 1).all()
-    for route in ("device-mc", "host-loglikelihood"):     # easy items, 25% chance level
+    for route in ("device-mc", "host-loglikelihood"):  # easy items, 25% chance level
         assert acc[acc.eval_route == route].value.max() > 0.5, route
     rec = json.loads(devicelab("recommend", "--lab-dir", d, "--recipe", RECIPE, "--json", check=True).stdout)[0]
-    assert rec["quality_axis"] == "accuracy"          # KLD is not comparable across models
+    assert rec["quality_axis"] == "accuracy"  # KLD is not comparable across models
     assert rec["frontier"] and rec["pick"]
     cands = [
         Candidate(**{k: v for k, v in c.items() if k in Candidate.__dataclass_fields__}) for c in rec["candidates"]
@@ -64,14 +68,14 @@ def test_two_model_frontier_and_recommendation(lab):
         assert set(base) == TASKS, c["quant"]
         for t, a in c["task_accuracy"].items():
             lost = (base[t] - a) * 100 > 10
-            assert lost == any(f.startswith(f"{t}: accuracy") and "points below the base's" in f
-                               for f in c["failures"]), (c["model"], c["quant"], t)
+            assert lost == any(
+                f.startswith(f"{t}: accuracy") and "points below the base's" in f for f in c["failures"]
+            ), (c["model"], c["quant"], t)
     # a pick per task, each from the candidates that pass that task's bars
     assert set(rec["per_task"]) == TASKS
     for t, v in rec["per_task"].items():
         assert v["pick"] and v["accuracy"] is not None, t
-        assert v["accuracy"] >= max(c["accuracy"] for c in v["candidates"] if c["verdict"].startswith(("pick",
-                                                                                                        "pass")))
+        assert v["accuracy"] >= max(c["accuracy"] for c in v["candidates"] if c["verdict"].startswith(("pick", "pass")))
     # the minimum-RAM table: every file, its need, its smallest phone and laptop
     assert len(rec["min_ram"]) == 16 and all(m["laptop_gb"] == 8 for m in rec["min_ram"])
     assert all(m["phone_gb"] in (4, 6, 8, 12, 16) and m["overhead_measured"] for m in rec["min_ram"])
@@ -165,7 +169,7 @@ def test_report_renders_in_a_real_browser(lab, tmp_path):
         ["chromium", *flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120
     ).stdout
     assert 'class="pick"' in dom and "local: ship" in dom
-    assert "Per task" in dom and "id=\"min-ram\"" in dom and "smallest phone" in dom
+    assert "Per task" in dom and 'id="min-ram"' in dom and "smallest phone" in dom
     assert dom.count("<img") >= 3 and "Roofline" in dom and "findings" in dom
     png = tmp_path / "shot.png"
     subprocess.run(

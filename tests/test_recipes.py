@@ -52,10 +52,14 @@ def test_valid_recipe_expands_to_cells(tmp_path):
             OK.replace("threads: [1, 2]", "threads: [1, 2], cpu_masks: [huge]"),
             r"cpu mask 'huge': give a hex mask \(0xf0\) or prime \| big \| little \| all",
         ),
-        (OK.replace("kind: kld", "kind: kldx"),
-         r"payloads\.1\.kind: unknown 'kldx'; available: 'batched', 'bench', 'eval', 'kld', 'membw'"),
-        (OK.replace("threads: [1, 2]", "threads: [1, 2], cache_type_k: q8"),
-         r"payloads\.0\.bench\.cache_type_k: Input should be 'f32', 'f16'"),
+        (
+            OK.replace("kind: kld", "kind: kldx"),
+            r"payloads\.1\.kind: unknown 'kldx'; available: 'batched', 'bench', 'eval', 'kld', 'membw'",
+        ),
+        (
+            OK.replace("threads: [1, 2]", "threads: [1, 2], cache_type_k: q8"),
+            r"payloads\.0\.bench\.cache_type_k: Input should be 'f32', 'f16'",
+        ),
         (OK + "colour: red\n", r"colour: Extra inputs are not permitted"),
         (OK.replace("name: t", "name: 'a b'"), r"name: String should match pattern"),
         ("name: t\nmodels: [\n", r"malformed YAML at line \d+"),

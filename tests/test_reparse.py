@@ -37,7 +37,7 @@ def test_reparse_reproduces_a_real_run_exactly(tmp_path, host_build, smol_path):
     before = rows(db)
     assert len(before) > 50 and set(before.payload) == {"bench", "kld", "membw"}
     con = sqlite3.connect(db)
-    con.execute("DELETE FROM rows")                   # nothing left but the artifacts
+    con.execute("DELETE FROM rows")  # nothing left but the artifacts
     con.commit()
     p = devicelab("reparse", "--lab-dir", lab, check=True)
     assert "of 5 cells" in p.stdout

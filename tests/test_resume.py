@@ -30,8 +30,11 @@ def test_sigkill_mid_sweep_then_resume(tmp_path, host_build, smol_path):
     # ladder files first, so the kill lands in the sweep rather than in llama-quantize
     devicelab("model", "ladder", "--quants", "q8_0,q4_0,q4_k_m", check=True)
     db = ledger_path(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "devicelab.cli", "run", str(RECIPE), "--lab-dir", str(tmp_path)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devicelab.cli", "run", str(RECIPE), "--lab-dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 600
     while time.time() < deadline:
         s = states(db)

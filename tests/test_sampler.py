@@ -21,21 +21,31 @@ from devicelab.telemetry.sources import cpufreq, power_supply
 SHELLS = [s for s in (["dash"], ["busybox", "sh"], ["mksh"]) if shutil.which(s[0])]
 SAMPLER = paths.device_payloads_dir() / "sampler.sh"
 
-P_RAPL = 5.0                 # W, package power the fake RAPL counter integrates
-RAPL_RANGE = 2_000_000       # µJ: wraps every 0.4 s at 5 W — several wraps per run
-V_BAT = 3_800_000            # µV
-I0, K = -400_000, -100_000   # µA at t=0, µA/s ramp; negative = this "vendor" reports discharge as negative
+P_RAPL = 5.0  # W, package power the fake RAPL counter integrates
+RAPL_RANGE = 2_000_000  # µJ: wraps every 0.4 s at 5 W — several wraps per run
+V_BAT = 3_800_000  # µV
+I0, K = -400_000, -100_000  # µA at t=0, µA/s ramp; negative = this "vendor" reports discharge as negative
 
 
 def _write(p: Path, v):
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(f"{v}\n")
-    tmp.replace(p)   # atomic, like a sysfs read never sees half a number
+    tmp.replace(p)  # atomic, like a sysfs read never sees half a number
 
 
 class Writer(threading.Thread):
-    def __init__(self, root: Path, battery=True, rapl=True, i0=I0, k=K, charge_counter=False, counter=None,
-                 voltage=V_BAT, temp_slope=2_000):
+    def __init__(
+        self,
+        root: Path,
+        battery=True,
+        rapl=True,
+        i0=I0,
+        k=K,
+        charge_counter=False,
+        counter=None,
+        voltage=V_BAT,
+        temp_slope=2_000,
+    ):
         """counter: the battery counter that falls as it discharges at |current_now| — charge_counter or
         charge_now (µAh) or energy_now (µWh); `frozen` stops it (a coarse counter over a short cell)."""
         super().__init__(daemon=True)
@@ -44,7 +54,7 @@ class Writer(threading.Thread):
         self.counter = counter or ("charge_counter" if charge_counter else None)
         self.voltage, self.temp_slope = voltage, temp_slope
         self.frozen = False
-        self.khz = lambda t: 1_800_000         # the CPU clock over time (kHz)
+        self.khz = lambda t: 1_800_000  # the CPU clock over time (kHz)
         self.stop = threading.Event()
         self.t0 = time.monotonic()
         ps = root / "sys/class/power_supply/battery"
@@ -75,9 +85,9 @@ class Writer(threading.Thread):
         if self.battery:
             _write(self.ps / "current_now", int(self.i0 + self.k * t))
             if self.counter and not (self.frozen and (self.ps / self.counter).exists()):
-                q = (abs(self.i0) * t + abs(self.k) * t * t / 2) / 3600     # µAh drawn at |current_now| µA
+                q = (abs(self.i0) * t + abs(self.k) * t * t / 2) / 3600  # µAh drawn at |current_now| µA
                 if self.counter == "energy_now":
-                    _write(self.ps / "energy_now", int(15_000_000 - q * self.voltage / 1e6))   # µWh
+                    _write(self.ps / "energy_now", int(15_000_000 - q * self.voltage / 1e6))  # µWh
                 else:
                     _write(self.ps / self.counter, int(3_000_000 - q))
         if self.rapl:
@@ -95,9 +105,26 @@ def sample(shell, root: Path, out: Path, seconds=3.0, interval=100, stay=True, e
     """stay: -S, the sampler keeps the shell it was started in (else dash moves itself to busybox/bash)."""
     payload = subprocess.Popen(["sleep", str(seconds)])
     try:
-        p = subprocess.run([*shell, str(SAMPLER), "-o", str(out), "-p", str(payload.pid), "-i", str(interval),
-                            "-R", str(root), *(["-S"] if stay else [])], check=True, timeout=seconds + 20, env=env,
-                           stderr=subprocess.PIPE, text=True)
+        p = subprocess.run(
+            [
+                *shell,
+                str(SAMPLER),
+                "-o",
+                str(out),
+                "-p",
+                str(payload.pid),
+                "-i",
+                str(interval),
+                "-R",
+                str(root),
+                *(["-S"] if stay else []),
+            ],
+            check=True,
+            timeout=seconds + 20,
+            env=env,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         assert p.stderr == "", f"the sampler wrote to stderr (a cell's stderr on a device): {p.stderr}"
     finally:
         payload.wait()
@@ -121,8 +148,12 @@ def test_energy_units_signs_and_wraparound(tmp_path, shell, reader):
     w = Writer(tmp_path / "root")
     w.start()
     try:
-        tr = sample(shell, tmp_path / "root", tmp_path / "t.csv",
-                    env={**os.environ, **({"DEVICELAB_SAMPLER_NO_AWK": "1"} if reader == "sh" else {})})
+        tr = sample(
+            shell,
+            tmp_path / "root",
+            tmp_path / "t.csv",
+            env={**os.environ, **({"DEVICELAB_SAMPLER_NO_AWK": "1"} if reader == "sh" else {})},
+        )
     finally:
         w.stop.set()
         w.join()
@@ -172,6 +203,7 @@ def test_battery_only_current_sign_and_units(tmp_path, shell):
 
 def test_current_unit_detection():
     import pandas as pd
+
     for raw, unit, amps in (([450_000, 460_000], "uA", 0.45), ([450, 460], "mA", 0.45), ([0.45, 0.46], "A", 0.45)):
         a, u = power_supply.current_to_a(pd.Series(raw, dtype=float))
         assert u == unit and a.iloc[0] == pytest.approx(amps)
@@ -192,6 +224,7 @@ def test_missing_sources_are_nan_with_reason_never_zero(tmp_path, shell):
 
 def test_rapl_wrap_arithmetic():
     import pandas as pd
+
     e = units.counter_j(pd.Series([1_900_000, 100_000, 300_000]), 2_000_000)
     assert list(e) == pytest.approx([0.0, 0.2, 0.4])
 
@@ -200,14 +233,14 @@ def test_rapl_wrap_arithmetic():
 def test_charge_counter_calibration_beats_the_magnitude_guess(tmp_path, shell):
     """A board idling at 8 mA: 8000 µA in current_now looks like 'mA' to a magnitude rule (8 A!).
     The drop of charge_counter over the cell says µA, and the reported sign is the other way round."""
-    assert power_supply.current_to_a(__import__("pandas").Series([8000.0]))[1] == "mA"   # the rule alone is wrong
+    assert power_supply.current_to_a(__import__("pandas").Series([8000.0]))[1] == "mA"  # the rule alone is wrong
     w = Writer(tmp_path / "root", rapl=False, i0=-8000, k=0, charge_counter=True)
     tr = sample_while(w, shell, tmp_path / "root", tmp_path / "t.csv", seconds=3.0)
     t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
     s = normalize.summarize(tr, [], (t0, t1))
     assert s.calibration["method"] == "charge_counter"
     assert s.calibration["current_unit"] == "uA" and s.calibration["current_sign"] == -1.0
-    assert s.calibration["agreement"] > 0.6          # the counter moves in whole µAh: ~7 steps here
+    assert s.calibration["agreement"] > 0.6  # the counter moves in whole µAh: ~7 steps here
     e = next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
     assert e == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01)
 
@@ -237,14 +270,22 @@ def test_a_cell_whose_counter_did_not_move_takes_the_device_calibration(tmp_path
     energy = lambda s: next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
     guess = normalize.summarize(tr, [], (t0, t1))
     assert guess.calibration["method"] == "magnitude+status" and guess.calibration["current_unit"] == "mA"
-    prior = {"source": "battery:sys/class/power_supply/battery", "current_unit": "uA", "scale_to_a": 1e-6,
-             "current_sign": -1.0, "agreement": 0.97, "method": "charge_counter", "cell": "c-earlier"}
+    prior = {
+        "source": "battery:sys/class/power_supply/battery",
+        "current_unit": "uA",
+        "scale_to_a": 1e-6,
+        "current_sign": -1.0,
+        "agreement": 0.97,
+        "method": "charge_counter",
+        "cell": "c-earlier",
+    }
     s = normalize.summarize(tr, [], (t0, t1), prior_calibration=prior)
     assert s.calibration["method"] == "device calibration (charge_counter in cell c-earlier)"
     assert energy(s) == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01)
     assert energy(guess) == pytest.approx(8 * 3.8 * (t1 - t0), rel=0.01), "the guess alone is 1000x off"
-    other = normalize.summarize(tr, [], (t0, t1),
-                                prior_calibration={**prior, "source": "battery:sys/class/power_supply/bms"})
+    other = normalize.summarize(
+        tr, [], (t0, t1), prior_calibration={**prior, "source": "battery:sys/class/power_supply/bms"}
+    )
     assert other.calibration["method"] == "magnitude+status", "another supply's calibration is not borrowed"
 
 

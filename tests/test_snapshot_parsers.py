@@ -19,9 +19,9 @@ def test_dumpsys_battery_units():
     d = android.battery((S / "dumpsys-battery.txt").read_text())
     assert d["plugged"] is True and d["status"] == "charging" and d["updates_stopped"] is False
     assert d["battery_level"] == pytest.approx(0.85)
-    assert d["battery_voltage"] == pytest.approx(4.273)        # mV → V
-    assert d["battery_temp"] == pytest.approx(28.3)            # deci-°C → °C
-    assert d["charge_counter_c"] == pytest.approx(2755000 * 3.6e-3)   # µAh → C
+    assert d["battery_voltage"] == pytest.approx(4.273)  # mV → V
+    assert d["battery_temp"] == pytest.approx(28.3)  # deci-°C → °C
+    assert d["charge_counter_c"] == pytest.approx(2755000 * 3.6e-3)  # µAh → C
     u = android.battery((S / "dumpsys-battery-unplugged.txt").read_text())
     assert u["updates_stopped"] is True and u["plugged"] is False and u["status"] == "discharging"
 
@@ -45,8 +45,13 @@ def test_ioreg_signed_current_and_units():
 
 def test_pmset():
     b = mac.pmset_batt((S / "pmset-batt.txt").read_text())
-    assert b == {"power_source": "Battery Power", "battery_level": 0.87, "status": "discharging",
-                 "remaining": "5:12 remaining", "plugged": False}
+    assert b == {
+        "power_source": "Battery Power",
+        "battery_level": 0.87,
+        "status": "discharging",
+        "remaining": "5:12 remaining",
+        "plugged": False,
+    }
     assert mac.pmset_batt((S / "pmset-batt-ac.txt").read_text())["plugged"] is True
     assert mac.pmset_therm((S / "pmset-therm.txt").read_text())["thermal_warning_level"] == 0
     lim = mac.pmset_therm((S / "pmset-therm-limited.txt").read_text())
@@ -75,7 +80,7 @@ def test_snapshots_and_charging_hygiene_always_reset(tmp_path, monkeypatch):
         raise RuntimeError("cell failed")
     calls = [l.split(" ", 1)[1] for l in log.read_text().splitlines()]
     assert calls[0] == "battery unplug" and calls[-1] == "battery reset"
-    rows, parsed = snapshots.from_artifacts(tmp_path / "art", "start")     # what a cell's rows are made from
+    rows, parsed = snapshots.from_artifacts(tmp_path / "art", "start")  # what a cell's rows are made from
     by = {r.metric: r for r in rows}
     assert by["battery_voltage"].value == pytest.approx(4.102) and by["battery_voltage"].unit == "V"
     assert (tmp_path / "art" / "dumpsys-battery.start.txt").exists()
@@ -104,8 +109,13 @@ def test_a_reset_that_cannot_reach_the_phone_stays_pending(tmp_path, monkeypatch
     with android.ChargingHygiene(t, {"dumpsys"}, pending=state.append):
         pass
     assert state == [True, True, False]
-    assert log.read_text().splitlines() == ["battery unplug", "battery reset", "battery reset",
-                                            "battery unplug", "battery reset"]
+    assert log.read_text().splitlines() == [
+        "battery unplug",
+        "battery reset",
+        "battery reset",
+        "battery unplug",
+        "battery reset",
+    ]
 
 
 def test_dumpsys_power_screen_state():

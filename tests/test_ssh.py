@@ -33,8 +33,9 @@ def sshd(tmp_path):
 
 
 def transport(s: Sshd, **kw) -> SSHTransport:
-    args = dict(port=s.port, user="root", key_file=str(s.client_key), known_hosts=str(s.known_hosts),
-                workdir=str(s.d / "wd"))
+    args = dict(
+        port=s.port, user="root", key_file=str(s.client_key), known_hosts=str(s.known_hosts), workdir=str(s.d / "wd")
+    )
     args.update(kw)
     return SSHTransport("board", "127.0.0.1", **args)
 
@@ -42,12 +43,13 @@ def transport(s: Sshd, **kw) -> SSHTransport:
 def test_port_forward_reaches_the_device_loopback(sshd):
     """`ssh -L` over paramiko: the llama-server eval route reaches a port on the board's loopback."""
     import socket
-    srv, port = echo_server()          # the board's service (the board is this machine's sshd)
+
+    srv, port = echo_server()  # the board's service (the board is this machine's sshd)
     t = transport(sshd)
     t.connect()
     try:
         lp = check_forward(t, port)
-        with pytest.raises(OSError):   # the listener is gone once the context closes
+        with pytest.raises(OSError):  # the listener is gone once the context closes
             socket.create_connection(("127.0.0.1", lp), timeout=2).close()
     finally:
         t.close()
@@ -57,8 +59,11 @@ def test_port_forward_reaches_the_device_loopback(sshd):
 def test_unknown_host_key_refused(sshd, tmp_path):
     empty = tmp_path / "empty_known_hosts"
     empty.write_text("")
-    with pytest.raises(DevicelabError, match=r"host key of \[127\.0\.0\.1\]:\d+ \(board\) is not in .*"
-                                             r"devicelab devices trust board"):
+    with pytest.raises(
+        DevicelabError,
+        match=r"host key of \[127\.0\.0\.1\]:\d+ \(board\) is not in .*"
+        r"devicelab devices trust board",
+    ):
         transport(sshd, known_hosts=str(empty)).connect()
 
 
@@ -186,17 +191,17 @@ def test_push_is_verified_cached_and_resumes_after_sshd_dies(sshd, tmp_path):
     deadline = time.time() + 20
     while time.time() < deadline and not (os.path.exists(dst + ".part") and os.path.getsize(dst + ".part") > 1 << 20):
         time.sleep(0.001)
-    sshd.kill()                                    # the device dies mid-push
+    sshd.kill()  # the device dies mid-push
     th.join(30)
     assert err, "a cut push must fail, not pass as complete"
     assert not os.path.exists(dst + ".ok") and not os.path.exists(dst)
-    sshd.start()                                   # back again: the push is redone and verified
+    sshd.start()  # back again: the push is redone and verified
     t2 = transport(sshd)
     got = push.ensure(t2, big, sha, "model.bin")
     assert hashlib.sha256(Path(got).read_bytes()).hexdigest() == sha
     ok_mtime = os.path.getmtime(got + ".ok")
     t0 = time.time()
-    assert push.ensure(t2, big, sha, "model.bin") == got       # unchanged: not sent again
+    assert push.ensure(t2, big, sha, "model.bin") == got  # unchanged: not sent again
     assert time.time() - t0 < 1.0 and os.path.getmtime(got + ".ok") == ok_mtime
     # a corrupted copy on the device is never trusted: the verification fails and the push redoes it
     Path(got).unlink()
@@ -230,6 +235,7 @@ def test_quickstart_loop_over_ssh_with_a_hostile_device_name(sshd, tmp_path, hos
     assert f"{name}: ship smollm2-135m" in p.stdout
     assert not list(tmp_path.glob("PWNED*")) and not list(Path.home().glob("PWNED*"))
     from devicelab.ledger import Ledger
+
     rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     assert set(rows.device) == {name}
     assert rows.device_facts.str.contains("SSHTransport").all()
@@ -276,14 +282,19 @@ def test_aarch64_board_in_its_own_network_namespace(netns_sshd, tmp_path, host_b
     pytest.importorskip("lm_eval")
     sshd, ns = netns_sshd
     lab = tmp_path / "lab.yaml"
-    lab.write_text(sshd.lab_yaml("board", "    target: aarch64\n    cpu_features: 'fp asimd asimddp'\n"
-                                          "    exec_prefix: [qemu-aarch64-static]\n"))
+    lab.write_text(
+        sshd.lab_yaml(
+            "board",
+            "    target: aarch64\n    cpu_features: 'fp asimd asimddp'\n    exec_prefix: [qemu-aarch64-static]\n",
+        )
+    )
     recipe = tmp_path / "r.yaml"
     recipe.write_text(NETNS_RECIPE.format(tasks=REPO / "recipes" / "tasks" / "lm-eval"))
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", timeout=1800)
     assert p.returncode == 0, p.stdout + p.stderr
-    assert f"from {ns.host_ip} port" in (sshd.d / "sshd.log").read_text()    # over the veth, not loopback
+    assert f"from {ns.host_ip} port" in (sshd.d / "sshd.log").read_text()  # over the veth, not loopback
     from devicelab.ledger import Ledger
+
     led = Ledger(ledger_path(tmp_path / "lab"))
     assert {c["payload"]: c["status"] for c in led.cells()} == {"bench": "done", "batched": "done", "eval": "done"}
     rows = led.rows_frame()
@@ -295,7 +306,7 @@ def test_aarch64_board_in_its_own_network_namespace(netns_sshd, tmp_path, host_b
     acc = rows[(rows.metric == "accuracy") & (rows.eval_route == "server-generate")]
     assert len(acc) == 1 and int(acc.n.iloc[0]) == 4 and 0 <= acc.value.iloc[0] <= 1
     assert rows[rows.metric == "tokens_generated"].value.iloc[0] >= 4
-    assert "no KLD measured" in p.stdout       # no KLD in this recipe: the recommendation says so, ships nothing
+    assert "no KLD measured" in p.stdout  # no KLD in this recipe: the recommendation says so, ships nothing
 
 
 FAULT_RECIPE = """
@@ -317,8 +328,17 @@ def test_sshd_killed_mid_push_and_mid_cell_then_run_again_finishes(sshd, tmp_pat
     recipe.write_text(FAULT_RECIPE)
     devicelab("model", "ladder", "--quants", "q8_0,q4_0,q2_k", check=True)
     db = ledger_path(tmp_path / "lab")
-    argv = [sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab", str(lab),
-            "--lab-dir", str(tmp_path / "lab")]
+    argv = [
+        sys.executable,
+        "-m",
+        "devicelab.cli",
+        "run",
+        str(recipe),
+        "--lab",
+        str(lab),
+        "--lab-dir",
+        str(tmp_path / "lab"),
+    ]
     # 1. the board dies while the first model is on its way
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     cache = sshd.d / "device-workdir" / "cache"

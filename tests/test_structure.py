@@ -34,15 +34,27 @@ MAX_FUNCTION_LINES = 80
 # the backends build/backends.py knows (its BACKENDS tuple is read from the source, these are the fallback)
 BACKENDS = ("cpu", "vulkan", "opencl", "metal", "cuda")
 # telemetry sources: a token each source's commands, files or tools carry
-SOURCE_TOKENS = ("nvidia-smi", "powermetrics", "ioreg", "pmset", "dumpsys", "rapl", "hwmon", "kgsl", "devfreq",
-                 "tegra", "thermal_zone", "cpufreq", "ina3221")
+SOURCE_TOKENS = (
+    "nvidia-smi",
+    "powermetrics",
+    "ioreg",
+    "pmset",
+    "dumpsys",
+    "rapl",
+    "hwmon",
+    "kgsl",
+    "devfreq",
+    "tegra",
+    "thermal_zone",
+    "cpufreq",
+    "ina3221",
+)
 
 # Explicit exemptions, (path relative to host/devicelab, the literal): each with why. Keep this short.
 EXEMPT: dict[tuple[str, str], str] = {
     ("build/backends.py", "nvidia-smi"): "the CUDA build asks the host's nvidia-smi for its GPUs' compute "
-                                         "capabilities (CMAKE_CUDA_ARCHITECTURES): a build fact, not telemetry",
-    ("budget.py", "dumpsys meminfo"): "the RAM budget reads Android's meminfo service: memory, not a telemetry "
-                                      "source",
+    "capabilities (CMAKE_CUDA_ARCHITECTURES): a build fact, not telemetry",
+    ("budget.py", "dumpsys meminfo"): "the RAM budget reads Android's meminfo service: memory, not a telemetry source",
     ("budget.py", "mem.dumpsys_free"): "the facts key of that meminfo reading",
 }
 
@@ -50,10 +62,11 @@ EXEMPT: dict[tuple[str, str], str] = {
 # ---------------------------------------------------------------------------------------------------------------
 # reading the package
 
+
 @dataclass
 class Module:
-    name: str           # dotted: devicelab.kinds.kld
-    rel: str            # path relative to the package folder: kinds/kld.py
+    name: str  # dotted: devicelab.kinds.kld
+    rel: str  # path relative to the package folder: kinds/kld.py
     tree: ast.Module
     is_package: bool
 
@@ -80,7 +93,8 @@ def read_package(root: Path, package: str = PACKAGE, sources: dict[str, str] | N
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _walk(node: ast.AST):
@@ -98,6 +112,7 @@ def _walk(node: ast.AST):
 # ---------------------------------------------------------------------------------------------------------------
 # import cycles
 
+
 def imports_of(mod: Module, known: set[str]) -> set[str]:
     """The package's modules `mod` imports. `from a import b` depends on a.b when that is a module, else on a;
     parent packages that Python initialises on the way are not counted (as import-linter and pydeps do)."""
@@ -109,7 +124,7 @@ def imports_of(mod: Module, known: set[str]) -> set[str]:
         elif isinstance(n, ast.ImportFrom):
             if n.level:
                 base = mod.name.split(".") if mod.is_package else mod.name.split(".")[:-1]
-                base = base[:len(base) - (n.level - 1)]
+                base = base[: len(base) - (n.level - 1)]
                 target = ".".join(base + ([n.module] if n.module else []))
             else:
                 target = n.module or ""
@@ -117,7 +132,7 @@ def imports_of(mod: Module, known: set[str]) -> set[str]:
                 sub = f"{target}.{alias.name}"
                 out.add(sub if sub in known else target)
     found = set()
-    for name in out:                    # `import a.b.c` of a module: the longest prefix that is one of ours
+    for name in out:  # `import a.b.c` of a module: the longest prefix that is one of ours
         while name and name not in known:
             name = name.rpartition(".")[0]
         if name and name != mod.name:
@@ -139,7 +154,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     on_stack: set[str] = set()
     comps: list[list[str]] = []
 
-    def strong(v: str) -> None:        # Tarjan; the package is a few dozen modules, recursion is fine
+    def strong(v: str) -> None:  # Tarjan; the package is a few dozen modules, recursion is fine
         index[v] = low[v] = len(index)
         stack.append(v)
         on_stack.add(v)
@@ -184,7 +199,7 @@ def _cycle_in(comp: list[str], graph: dict[str, set[str]]) -> list[str]:
                     prev[w] = v
                     nxt.append(w)
         frontier = nxt
-    return comp                          # not reached: a component of more than one module has a cycle
+    return comp  # not reached: a component of more than one module has a cycle
 
 
 def cycle_violations(mods: dict[str, Module]) -> list[str]:
@@ -193,13 +208,17 @@ def cycle_violations(mods: dict[str, Module]) -> list[str]:
     for found in import_cycles(import_graph(mods)):
         end = found.index(found[0], 1) + 1
         cycle, others = found[:end], found[end:]
-        out.append(f"{by_name[cycle[0]]}: import cycle " + " -> ".join(cycle)
-                   + (f" (the same knot: {', '.join(others)})" if others else ""))
+        out.append(
+            f"{by_name[cycle[0]]}: import cycle "
+            + " -> ".join(cycle)
+            + (f" (the same knot: {', '.join(others)})" if others else "")
+        )
     return out
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # long functions
+
 
 def long_functions(mods: dict[str, Module], limit: int = MAX_FUNCTION_LINES) -> list[str]:
     out = []
@@ -225,17 +244,24 @@ def long_functions(mods: dict[str, Module], limit: int = MAX_FUNCTION_LINES) -> 
 # ---------------------------------------------------------------------------------------------------------------
 # names written outside their unit
 
+
 def string_constants(tree: ast.Module) -> list[ast.Constant]:
     """Every string constant of the code, in line order: docstrings left out, f-strings' literal parts in."""
     docstrings = set()
     for n in ast.walk(tree):
         if isinstance(n, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and n.body:
             first = n.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 docstrings.add(id(first.value))
-    found = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-             and id(n) not in docstrings]
+    found = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
     return sorted(found, key=lambda n: (n.lineno, n.col_offset))
 
 
@@ -257,8 +283,11 @@ def _class_names(mods: dict[str, Module], folder: str) -> tuple[str, ...]:
             continue
         for cls in (n for n in m.tree.body if isinstance(n, ast.ClassDef)):
             for n in cls.body:
-                if isinstance(n, ast.Assign | ast.AnnAssign) and isinstance(n.value, ast.Constant) \
-                        and isinstance(n.value.value, str):
+                if (
+                    isinstance(n, ast.Assign | ast.AnnAssign)
+                    and isinstance(n.value, ast.Constant)
+                    and isinstance(n.value.value, str)
+                ):
                     targets = n.targets if isinstance(n, ast.Assign) else [n.target]
                     if any(isinstance(t, ast.Name) and t.id == "name" for t in targets):
                         names.append(n.value.value)
@@ -276,10 +305,17 @@ def transport_names(mods: dict[str, Module]) -> tuple[str, ...]:
         if not m.rel.startswith("transports/"):
             continue
         for n in ast.walk(m.tree):
-            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name) and n.target.id == "transport" \
-                    and isinstance(n.annotation, ast.Subscript):
-                names += [c.value for c in ast.walk(n.annotation.slice)
-                          if isinstance(c, ast.Constant) and isinstance(c.value, str)]
+            if (
+                isinstance(n, ast.AnnAssign)
+                and isinstance(n.target, ast.Name)
+                and n.target.id == "transport"
+                and isinstance(n.annotation, ast.Subscript)
+            ):
+                names += [
+                    c.value
+                    for c in ast.walk(n.annotation.slice)
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str)
+                ]
     return tuple(sorted(set(names)))
 
 
@@ -301,11 +337,11 @@ AMBIGUOUS = {
 
 @dataclass
 class Rule:
-    what: str                          # "kind"
+    what: str  # "kind"
     names: tuple[str, ...]
-    home: str                          # the path prefix where the names may be written
-    words: tuple[str, ...] = ()        # what an identifier beside an ambiguous name says when it names the unit
-    contains: bool = False             # a literal containing the token names it (telemetry sources)
+    home: str  # the path prefix where the names may be written
+    words: tuple[str, ...] = ()  # what an identifier beside an ambiguous name says when it names the unit
+    contains: bool = False  # a literal containing the token names it (telemetry sources)
     patterns: dict[str, re.Pattern] = field(default_factory=dict)
 
     def named(self, node: ast.Constant, parents: dict[int, ast.AST]) -> list[str]:
@@ -322,8 +358,9 @@ class Rule:
 
     def _in_context(self, node: ast.AST, parents: dict[int, ast.AST]) -> bool:
         near, siblings = _neighbourhood(node, parents)
-        return any(w in n.lower() for n in near for w in self.words) or bool(siblings & (set(self.names) - {
-            node.value}))
+        return any(w in n.lower() for n in near for w in self.words) or bool(
+            siblings & (set(self.names) - {node.value})
+        )
 
 
 def _ident(e: ast.AST | None) -> str:
@@ -345,7 +382,8 @@ def _neighbourhood(node: ast.AST, parents: dict[int, ast.AST]) -> tuple[set[str]
     siblings: set[str] = set()
     child, p = node, parents.get(id(node))
     while isinstance(p, ast.Tuple | ast.List | ast.Set | ast.IfExp | ast.BinOp | ast.Starred | ast.BoolOp) or (
-            isinstance(p, ast.Subscript) and p.slice is child):
+        isinstance(p, ast.Subscript) and p.slice is child
+    ):
         if isinstance(p, ast.Tuple | ast.List | ast.Set):
             siblings |= {e.value for e in p.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
         child, p = p, parents.get(id(p))
@@ -364,8 +402,10 @@ def _neighbourhood(node: ast.AST, parents: dict[int, ast.AST]) -> tuple[set[str]
         near.add(_ident(p.func))
     elif isinstance(p, ast.arguments):
         args = [*p.posonlyargs, *p.args]
-        pairs = [*zip(args[len(args) - len(p.defaults):], p.defaults, strict=True),
-                 *zip(p.kwonlyargs, p.kw_defaults, strict=True)]
+        pairs = [
+            *zip(args[len(args) - len(p.defaults) :], p.defaults, strict=True),
+            *zip(p.kwonlyargs, p.kw_defaults, strict=True),
+        ]
         near |= {a.arg for a, d in pairs if d is child}
     elif isinstance(p, ast.Return):
         while p is not None and not isinstance(p, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -375,10 +415,12 @@ def _neighbourhood(node: ast.AST, parents: dict[int, ast.AST]) -> tuple[set[str]
 
 
 def naming_rules(mods: dict[str, Module]) -> list[Rule]:
-    return [Rule("kind", kind_names(mods), "kinds/", ("kind", "payload")),
-            Rule("transport", transport_names(mods), "transports/", ("transport",)),
-            Rule("backend", backend_names(mods), "build/backends.py", ("backend",)),
-            Rule("telemetry source", SOURCE_TOKENS, "telemetry/sources/", contains=True)]
+    return [
+        Rule("kind", kind_names(mods), "kinds/", ("kind", "payload")),
+        Rule("transport", transport_names(mods), "transports/", ("transport",)),
+        Rule("backend", backend_names(mods), "build/backends.py", ("backend",)),
+        Rule("telemetry source", SOURCE_TOKENS, "telemetry/sources/", contains=True),
+    ]
 
 
 def _parents(tree: ast.AST) -> dict[int, ast.AST]:
@@ -388,7 +430,7 @@ def _parents(tree: ast.AST) -> dict[int, ast.AST]:
 def naming_violations(mods: dict[str, Module], exempt: dict[tuple[str, str], str] = EXEMPT) -> list[str]:
     rules = naming_rules(mods)
     out = []
-    units: dict[str, set[str]] = {}          # a telemetry source's token: the modules of sources/ that write it
+    units: dict[str, set[str]] = {}  # a telemetry source's token: the modules of sources/ that write it
     for m in sorted(mods.values(), key=lambda m: m.rel):
         parents = _parents(m.tree)
         for node in string_constants(m.tree):
@@ -397,13 +439,12 @@ def naming_violations(mods: dict[str, Module], exempt: dict[tuple[str, str], str
             for rule in rules:
                 for name in rule.named(node, parents):
                     if m.rel.startswith(rule.home):
-                        if rule.contains:        # the registry (sources/__init__.py) is no source's unit either
+                        if rule.contains:  # the registry (sources/__init__.py) is no source's unit either
                             units.setdefault(name, set()).add(m.rel)
                         continue
-                    out.append(f"{m.rel}:{node.lineno}: {rule.what} {name!r} named outside {rule.home}: "
-                               f"{node.value!r}")
+                    out.append(f"{m.rel}:{node.lineno}: {rule.what} {name!r} named outside {rule.home}: {node.value!r}")
     for token, where in sorted(units.items()):
-        if len(where) > 1:               # a source's unit is one module: two modules writing its token share it
+        if len(where) > 1:  # a source's unit is one module: two modules writing its token share it
             out.append(f"{', '.join(sorted(where))}: telemetry source {token!r} named in more than one unit")
     return out
 
@@ -411,14 +452,18 @@ def naming_violations(mods: dict[str, Module], exempt: dict[tuple[str, str], str
 # ---------------------------------------------------------------------------------------------------------------
 # the checks on host/devicelab
 
+
 def _report(title: str, lines: list[str]) -> str:
     return f"{title} ({len(lines)}):\n  " + "\n  ".join(lines)
 
 
 def all_violations(mods: dict[str, Module] | None = None) -> dict[str, list[str]]:
     mods = mods if mods is not None else the_package()
-    return {"import cycles": cycle_violations(mods), "long functions": long_functions(mods),
-            "names outside their unit": naming_violations(mods)}
+    return {
+        "import cycles": cycle_violations(mods),
+        "long functions": long_functions(mods),
+        "names outside their unit": naming_violations(mods),
+    }
 
 
 def test_no_import_cycle():
@@ -450,8 +495,11 @@ def test_the_registries_are_read():
 def test_exemptions_are_still_needed():
     """An exemption whose literal is gone from its file is stale."""
     mods = {m.rel: m for m in the_package().values()}
-    stale = [f"{rel}: {value!r}" for rel, value in EXEMPT
-             if rel not in mods or value not in {n.value for n in string_constants(mods[rel].tree)}]
+    stale = [
+        f"{rel}: {value!r}"
+        for rel, value in EXEMPT
+        if rel not in mods or value not in {n.value for n in string_constants(mods[rel].tree)}
+    ]
     assert not stale, _report("stale exemptions", stale)
 
 
@@ -505,8 +553,10 @@ SYNTHETIC = {
 def test_checks_can_fail():
     mods = read_package(Path("/nonexistent"), sources=SYNTHETIC)
     cycles = cycle_violations(mods)
-    assert cycles == ["a.py: import cycle devicelab.a -> devicelab.b -> devicelab.sub.c -> devicelab.a",
-                      "f.py: import cycle devicelab.f -> devicelab.g -> devicelab.h -> devicelab.f"], cycles
+    assert cycles == [
+        "a.py: import cycle devicelab.a -> devicelab.b -> devicelab.sub.c -> devicelab.a",
+        "f.py: import cycle devicelab.f -> devicelab.g -> devicelab.h -> devicelab.f",
+    ], cycles
 
     long = long_functions(mods)
     assert long == ["long.py:1: long is 81 lines (at most 80)"], long
@@ -535,6 +585,6 @@ def test_method_names_are_qualified():
     assert long_functions(read_package(Path("/nonexistent"), sources=src)) == ["m.py:2: C.f is 81 lines (at most 80)"]
 
 
-if __name__ == "__main__":          # `python tests/test_structure.py`: every violation, one per line
+if __name__ == "__main__":  # `python tests/test_structure.py`: every violation, one per line
     for title, lines in all_violations().items():
         print(_report(title, lines) if lines else f"{title}: none")

@@ -22,6 +22,7 @@ def lab(tmp_path_factory, host_build, smol_path):
 
 def rows(d):
     from devicelab.ledger import Ledger
+
     return Ledger(ledger_path(d)).rows_frame()
 
 
@@ -31,6 +32,7 @@ def test_sweep_axes_land_in_the_schema(lab):
     assert set(dec.threads) == {1, 2}
     assert set(dec.contention.dropna()) >= {1}
     from devicelab.ledger import Ledger
+
     cells = Ledger(ledger_path(lab)).cells()
     quota_cells = [c for c in cells if '"quota": 0.5' in c["params"]]
     assert len(quota_cells) == 3
@@ -38,8 +40,9 @@ def test_sweep_axes_land_in_the_schema(lab):
         assert "CPU quota not available" in quota_cells[0]["error"]
         pytest.skip("this machine lets nobody set a CPU quota: " + quota_cells[0]["error"])
     assert (dec.cpu_quota.dropna() == 0.5).sum() == 3
-    assert not glob.glob("/sys/fs/cgroup/*/devicelab-*") and not glob.glob("/sys/fs/cgroup/devicelab-*"), \
+    assert not glob.glob("/sys/fs/cgroup/*/devicelab-*") and not glob.glob("/sys/fs/cgroup/devicelab-*"), (
         "the lab removes the cgroups it made"
+    )
 
 
 def test_quota_run_is_measurably_slower(lab):
@@ -61,7 +64,7 @@ def test_roofline_payload_and_efficiency(lab):
     assert 1e9 < fl.iloc[0] < 1e14
     p = devicelab("roofline", "--lab-dir", lab, check=True)
     body = [l for l in p.stdout.splitlines() if "smollm2" in l]
-    assert len(body) == 3 * 4 * 2            # 3 quants × 4 bench cells × (pp, tg)
+    assert len(body) == 3 * 4 * 2  # 3 quants × 4 bench cells × (pp, tg)
     assert all("%" in l for l in body)
     assert all(l.rstrip(" │").endswith("memory") for l in body if "tg32" in l)
     assert all(l.rstrip(" │").endswith("compute") for l in body if "pp64" in l)
@@ -77,20 +80,28 @@ def test_parallel_streams(lab):
 
 def test_findings_printed(lab):
     p = devicelab("findings", "--lab-dir", lab, check=True)
-    for claim in ("decode t/s falls as bits per weight rise", "adding cores speeds prefill",
-                  "quality collapses below", "a CPU quota of 0.5 cores slows decode: held"):
+    for claim in (
+        "decode t/s falls as bits per weight rise",
+        "adding cores speeds prefill",
+        "quality collapses below",
+        "a CPU quota of 0.5 cores slows decode: held",
+    ):
         assert claim in p.stdout, p.stdout
 
 
 # A phone's facts as facts.sh writes them (cpu.max_khz 'ID:kHz', in the shell's glob order, which puts
 # cpu10 before cpu2): 4 little cores at 1.8 GHz, 3 big at 2.4 GHz, 1 prime at 3.0 GHz, plus 2 more little
 # ones numbered 8 and 9 on a 10-core part. Not a phone: the facts line of one.
-PHONE = {"cpu.max_khz": "0:1800000 1:1800000 10:1800000 2:1800000 3:1800000 4:2400000 5:2400000 6:2400000 "
-                        "7:3000000 8:1800000 9:1800000", "cpu_count": 11}
+PHONE = {
+    "cpu.max_khz": "0:1800000 1:1800000 10:1800000 2:1800000 3:1800000 4:2400000 5:2400000 6:2400000 "
+    "7:3000000 8:1800000 9:1800000",
+    "cpu_count": 11,
+}
 
 
 def test_big_little_masks_from_cpufreq_clusters():
     from devicelab import facts
+
     assert [k for k, _ in facts.clusters(PHONE)] == [3000000, 2400000, 1800000]
     assert facts.named_cpus("prime", PHONE) == [7]
     assert facts.named_cpus("big", PHONE) == [4, 5, 6, 7]
@@ -106,17 +117,21 @@ def test_named_mask_on_a_machine_without_clusters_is_skipped_with_the_reason(tmp
     """This VM has no cpufreq: 'big' means nothing here, and the cell says so instead of guessing;
     'all' with threads 'auto' still runs (every CPU, one thread each)."""
     r = tmp_path / "r.yaml"
-    r.write_text("name: masks\nmodels: [{name: smollm2-135m}]\nquants: [q4_0]\npayloads:\n"
-                 "  - {kind: bench, prompt: [8], gen: [4], threads: [auto], cpu_masks: [big, all], repetitions: 1}\n")
+    r.write_text(
+        "name: masks\nmodels: [{name: smollm2-135m}]\nquants: [q4_0]\npayloads:\n"
+        "  - {kind: bench, prompt: [8], gen: [4], threads: [auto], cpu_masks: [big, all], repetitions: 1}\n"
+    )
     p = devicelab("run", r, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
+
     led = Ledger(ledger_path(tmp_path / "lab"))
     skipped = [c for c in led.cells() if c["status"] == "skipped"]
     assert len(skipped) == 1 and "no big.LITTLE clusters to pick 'big'" in skipped[0]["error"]
     rows = led.rows_frame()
     dec = rows[rows.metric == "decode_tps"]
     import os
+
     assert len(dec) == 1 and dec.cpu_mask.iloc[0] == f"all={hex((1 << os.cpu_count()) - 1)}"
     assert int(dec.threads.iloc[0]) == os.cpu_count()
 

@@ -24,7 +24,7 @@ class Zone(threading.Thread):
         d.mkdir(parents=True)
         (d / "type").write_text("cpu-thermal\n")
         self.f, self.stop = d / "temp", threading.Event()
-        self.lock = threading.Lock()        # set() on the test's thread, run() on this one: one temp.tmp
+        self.lock = threading.Lock()  # set() on the test's thread, run() on this one: one temp.tmp
         self.set(lambda t: 40.0)
 
     def set(self, fn):
@@ -49,13 +49,17 @@ def test_baseline_kept_wait_until_cool_and_a_bounded_wait(tmp_path, host_build, 
     zone = Zone(root)
     zone.start()
     run = lambda threads, timeout: fixture_board_run(  # noqa: E731
-        tmp_path, root, "thermal", f"prompt: [8], gen: [4], threads: {threads}, repetitions: 1",
-        f"telemetry: {{cooldown_delta_c: 3, cooldown_timeout_s: {timeout}}}\n")
+        tmp_path,
+        root,
+        "thermal",
+        f"prompt: [8], gen: [4], threads: {threads}, repetitions: 1",
+        f"telemetry: {{cooldown_delta_c: 3, cooldown_timeout_s: {timeout}}}\n",
+    )
     try:
-        a = run([1], 120)                                   # idle at 40 °C: the baseline
-        zone.set(lambda t: max(41.0, 50.0 - 0.6 * t))       # warm (50 °C) at the next run's first contact, cooling
+        a = run([1], 120)  # idle at 40 °C: the baseline
+        zone.set(lambda t: max(41.0, 50.0 - 0.6 * t))  # warm (50 °C) at the next run's first contact, cooling
         b = run([1, 2], 120)
-        zone.set(lambda t: 60.0)                            # hot and staying hot
+        zone.set(lambda t: 60.0)  # hot and staying hot
         c = run([1, 2, 3], 3)
     finally:
         zone.stop.set()
@@ -63,6 +67,7 @@ def test_baseline_kept_wait_until_cool_and_a_bounded_wait(tmp_path, host_build, 
     for p in (a, b, c):
         assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
+
     rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     wait = rows[rows.metric == "cooldown_wait"].sort_values("row_id")
     base = rows[rows.metric == "temp_baseline"].sort_values("row_id")

@@ -34,18 +34,34 @@ def ladder(device="phone", budget=2 * 1024**3, accs=None):
     out = []
     for i, q in enumerate(("f16", "q8_0", "q4_0", "q2_k")):
         size = (270e6, 145e6, 80e6, 60e6)[i]
-        common = dict(device=device, model="m", quant=q, model_bytes=int(size), bpw=8 * size / 135e6,
-                      kv_bytes_per_token=1000, ram_budget_bytes=budget, ram_budget_source="MemAvailable: x",
-                      battery_wh=17.0, battery_source="energy_full 17.00 Wh", threads=2, cell_id=f"{device}{q}",
-                      build_key="k", build_commit="c", target="local", build_flags="")
+        common = dict(
+            device=device,
+            model="m",
+            quant=q,
+            model_bytes=int(size),
+            bpw=8 * size / 135e6,
+            kv_bytes_per_token=1000,
+            ram_budget_bytes=budget,
+            ram_budget_source="MemAvailable: x",
+            battery_wh=17.0,
+            battery_source="energy_full 17.00 Wh",
+            threads=2,
+            cell_id=f"{device}{q}",
+            build_key="k",
+            build_commit="c",
+            target="local",
+            build_flags="",
+        )
         out.append(row(metric="decode_tps", value=20.0 * (1 + i), phase="decode", n_gen=64, **common))
         out.append(row(metric="kld_mean", value=0.001 * 4**i, phase="", **common))
         out.append(row(metric="peak_rss", value=size + 50e6, phase="cell", n_prompt=512, n_gen=64, **common))
         cal = '{"source": "battery:battery"}'
-        out.append(row(metric="energy_per_token", value=0.5, phase="prefill", n_prompt=512, energy_calibration=cal,
-                       **common))
-        out.append(row(metric="energy_per_token", value=2.0, phase="decode", n_gen=64, energy_calibration=cal,
-                       **common))
+        out.append(
+            row(metric="energy_per_token", value=0.5, phase="prefill", n_prompt=512, energy_calibration=cal, **common)
+        )
+        out.append(
+            row(metric="energy_per_token", value=2.0, phase="decode", n_gen=64, energy_calibration=cal, **common)
+        )
         for t, a in zip(("easy", "hard"), (accs or {}).get(q, ()), strict=False):
             out.append(row(metric="accuracy", value=a, phase="eval", test=t, **common))
     return out
@@ -57,15 +73,31 @@ ACCS = {"f16": (0.9, 0.8), "q8_0": (0.9, 0.79), "q4_0": (0.89, 0.70), "q2_k": (0
 def test_a_candidate_is_made_by_keyword():
     with pytest.raises(TypeError):
         Candidate("d", "m", "q4_0", 1, 4.5, None, None, False, None, None, None, None, None, None, None, None)
-    c = Candidate(device="d", model="m", quant="q4_0", model_bytes=1, bpw=4.5, kv_bytes=None, overhead_bytes=None,
-                  overhead_measured=False, ram_need=None, ram_budget=None, decode_tps=None, decode_threads=None,
-                  prefill_tps=None, kld_mean=None, ppl_ratio=None, energy_per_token=None)
+    c = Candidate(
+        device="d",
+        model="m",
+        quant="q4_0",
+        model_bytes=1,
+        bpw=4.5,
+        kv_bytes=None,
+        overhead_bytes=None,
+        overhead_measured=False,
+        ram_need=None,
+        ram_budget=None,
+        decode_tps=None,
+        decode_threads=None,
+        prefill_tps=None,
+        kld_mean=None,
+        ppl_ratio=None,
+        energy_per_token=None,
+    )
     assert c.passes and c.label == "m q4_0"
 
 
 def test_measuring_then_judging_check_by_check():
-    spec = RecommendSpec(context=512, max_kld_mean=0.02, min_decode_tps=30, max_energy_per_token=1.0,
-                         max_accuracy_drop=2)
+    spec = RecommendSpec(
+        context=512, max_kld_mean=0.02, min_decode_tps=30, max_energy_per_token=1.0, max_accuracy_drop=2
+    )
     cs = {c.quant: c for c in candidates(pd.DataFrame(ladder(budget=200 * MIB, accs=ACCS)), spec)}
     q2 = cs["q2_k"]
     # measured: the figures, the RAM need from weights + KV + the runtime measured from peak RSS
@@ -112,10 +144,10 @@ def test_cli_and_report_render_the_same_view_rows(tmp_path):
     assert f"tiny: {tables.NO_PICK}" in out and f"tiny: {tables.NO_PICK}</p>" in html
     for v in views:
         for line in (*v.reasons, *v.listing):
-            assert f"  {line}\n" in out                    # the CLI: the reasons and one line per candidate
+            assert f"  {line}\n" in out  # the CLI: the reasons and one line per candidate
         for line in v.reasons:
-            assert f"<li>{escape(line)}</li>" in html              # the report: the same reasons
-        for r in v.candidates.rows:                        # ... and the candidates' cells, row by row
+            assert f"<li>{escape(line)}</li>" in html  # the report: the same reasons
+        for r in v.candidates.rows:  # ... and the candidates' cells, row by row
             assert "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" in html
         for m in v.min_ram:
             assert re.search(rf"{m.model} +{m.quant} +{m.need_mib}\*? +{m.phone} +{m.laptop}", out)

@@ -25,14 +25,21 @@ def _lavapipe() -> bool:
 
 
 HEADERS = os.environ.get("DEVICELAB_VULKAN_INCLUDE_DIR", "/usr/include")
-NEW_ENOUGH = os.path.exists(os.path.join(HEADERS, "vulkan", "vulkan.hpp")) and \
-    "LayerSettingEXT" in Path(HEADERS, "vulkan", "vulkan_structs.hpp").read_text(errors="replace") \
-    if os.path.exists(os.path.join(HEADERS, "vulkan", "vulkan_structs.hpp")) else False
+NEW_ENOUGH = (
+    os.path.exists(os.path.join(HEADERS, "vulkan", "vulkan.hpp"))
+    and "LayerSettingEXT" in Path(HEADERS, "vulkan", "vulkan_structs.hpp").read_text(errors="replace")
+    if os.path.exists(os.path.join(HEADERS, "vulkan", "vulkan_structs.hpp"))
+    else False
+)
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(
-    not (shutil.which("glslc") and _lavapipe() and NEW_ENOUGH),
-    reason="needs glslc, Mesa's lavapipe (mesa-vulkan-drivers, vulkan-tools) and Vulkan headers ≥ 1.3.261 "
-           "(DEVICELAB_VULKAN_INCLUDE_DIR; .ci/vulkan-headers.sh)")]
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(
+        not (shutil.which("glslc") and _lavapipe() and NEW_ENOUGH),
+        reason="needs glslc, Mesa's lavapipe (mesa-vulkan-drivers, vulkan-tools) and Vulkan headers ≥ 1.3.261 "
+        "(DEVICELAB_VULKAN_INCLUDE_DIR; .ci/vulkan-headers.sh)",
+    ),
+]
 
 RECIPE = """
 name: gpu
@@ -53,6 +60,7 @@ def test_cpu_and_vulkan_on_lavapipe(tmp_path, host_build, smol_path):
     p = devicelab("run", recipe, "--lab-dir", tmp_path / "lab", env={"GGML_VK_VISIBLE_DEVICES": "0"}, timeout=3600)
     assert p.returncode == 0, p.stdout + p.stderr
     from devicelab.ledger import Ledger
+
     rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame()
     dec = rows[rows.metric == "decode_tps"]
     assert set(dec.backend) == {"cpu", "vulkan"} and (dec.value > 0).all()
@@ -70,8 +78,9 @@ def test_cpu_and_vulkan_on_lavapipe(tmp_path, host_build, smol_path):
     # lines were lost at exit (upstream issue 22142)
     assert kld[kld.backend == "vulkan"].n_gpu_layers.astype(int).tolist() in ([31], [99])
     assert kld[kld.backend == "vulkan"].gpu_device.str.contains("llvmpipe").all()
-    rec = json.loads(devicelab("recommend", "--lab-dir", tmp_path / "lab", "--recipe", recipe, "--json",
-                               check=True).stdout)[0]
+    rec = json.loads(
+        devicelab("recommend", "--lab-dir", tmp_path / "lab", "--recipe", recipe, "--json", check=True).stdout
+    )[0]
     lines = rec["backends"]
     assert lines and lines[0].startswith("smollm2-135m q8_0: ") and "wins" in lines[0]
     loser = "vulkan" if lines[0].endswith("cpu wins") else "cpu"
@@ -86,12 +95,20 @@ def test_cpu_and_vulkan_on_lavapipe(tmp_path, host_build, smol_path):
 def test_a_hidden_device_skips_the_backend_with_the_reason(tmp_path, host_build, smol_path):
     """Without GGML_VK_VISIBLE_DEVICES ggml hides lavapipe: the Vulkan cells are skipped, saying so."""
     recipe = tmp_path / "gpu.yaml"
-    recipe.write_text(RECIPE.replace("backends: [cpu, vulkan]", "backends: [vulkan]").split("  - {kind: kld")[0]
-                      + "recommend: {context: 512, max_kld_mean: 1, min_decode_tps: 0}\n")
+    recipe.write_text(
+        RECIPE.replace("backends: [cpu, vulkan]", "backends: [vulkan]").split("  - {kind: kld")[0]
+        + "recommend: {context: 512, max_kld_mean: 1, min_decode_tps: 0}\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "GGML_VK_VISIBLE_DEVICES"}
-    p = subprocess.run([sys.executable, "-m", "devicelab.cli", "run", recipe, "--lab-dir", tmp_path / "lab"],
-                       capture_output=True, text=True, env=env, timeout=1800)
+    p = subprocess.run(
+        [sys.executable, "-m", "devicelab.cli", "run", recipe, "--lab-dir", tmp_path / "lab"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1800,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     import sqlite3
+
     got = sqlite3.connect(ledger_path(tmp_path / "lab")).execute("SELECT status, error FROM cells").fetchall()
     assert len(got) == 2 and all(st == "skipped" and "sees no vulkan device" in err for st, err in got), got

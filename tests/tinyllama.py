@@ -10,11 +10,23 @@ from pathlib import Path
 
 def train_spm(text: Path, out: Path, vocab: int = 512) -> Path:
     import sentencepiece as spm
+
     out.mkdir(parents=True, exist_ok=True)
-    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(out / "tokenizer"), vocab_size=vocab,
-                                   model_type="bpe", character_coverage=1.0, byte_fallback=True,
-                                   bos_id=1, eos_id=2, unk_id=0, pad_id=-1, minloglevel=2,
-                                   num_threads=2, train_extremely_large_corpus=False)
+    spm.SentencePieceTrainer.train(
+        input=str(text),
+        model_prefix=str(out / "tokenizer"),
+        vocab_size=vocab,
+        model_type="bpe",
+        character_coverage=1.0,
+        byte_fallback=True,
+        bos_id=1,
+        eos_id=2,
+        unk_id=0,
+        pad_id=-1,
+        minloglevel=2,
+        num_threads=2,
+        train_extremely_large_corpus=False,
+    )
     return out / "tokenizer.model"
 
 
@@ -26,11 +38,21 @@ def make_llama(folder: Path, text: Path, seed: int = 0, vocab: int = 512) -> Pat
     folder.mkdir(parents=True, exist_ok=True)
     train_spm(text, folder, vocab)
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, rms_norm_eps=1e-5)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+    )
     model = LlamaForCausalLM(cfg)
-    with torch.no_grad():                     # larger than the init's: logits that are not all alike
+    with torch.no_grad():  # larger than the init's: logits that are not all alike
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.08)
@@ -48,8 +70,17 @@ def make_lora(base: Path, out: Path, seed: int = 1) -> Path:
 
     torch.manual_seed(seed)
     model = LlamaForCausalLM.from_pretrained(base, torch_dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
-                                            lora_dropout=0.0, bias="none", task_type="CAUSAL_LM"))
+    peft = get_peft_model(
+        model,
+        LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=["q_proj", "v_proj"],
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        ),
+    )
     with torch.no_grad():
         for n, p in peft.named_parameters():
             if "lora_" in n:

@@ -90,6 +90,7 @@ def _spearman(x, y) -> float:
 # Each seed claim, checked on one device's and model's rows: (claim, held: True/False/None = not enough data,
 # evidence), or None where the rows cannot speak to it.
 
+
 def _decode_vs_bpw(g: pd.DataFrame):
     dec = g[(g.metric == "decode_tps") & g.value.notna()]
     if dec.empty:
@@ -98,9 +99,12 @@ def _decode_vs_bpw(g: pd.DataFrame):
     d = dec[dec.threads == t].groupby("quant").agg(bpw=("bpw", "first"), tps=("value", "max")).sort_values("bpw")
     rho = _spearman(d.bpw, d.tps)
     mono = bool((np.diff(d.tps.values) <= 0).all()) if len(d) > 1 else None
-    return ("decode t/s falls as bits per weight rise", None if len(d) < 3 else bool(rho < -0.5),
-            f"Spearman ρ(bpw, decode t/s) = {rho:.2f} over {len(d)} quants at {t} threads"
-            + ("" if mono is None else f"; strictly monotone: {mono}"))
+    return (
+        "decode t/s falls as bits per weight rise",
+        None if len(d) < 3 else bool(rho < -0.5),
+        f"Spearman ρ(bpw, decode t/s) = {rho:.2f} over {len(d)} quants at {t} threads"
+        + ("" if mono is None else f"; strictly monotone: {mono}"),
+    )
 
 
 def _core_scaling(g: pd.DataFrame):
@@ -115,9 +119,11 @@ def _core_scaling(g: pd.DataFrame):
     if len(sp) != 2:
         return None
     (ps, lo, hi), (ds, _, _) = sp["prefill_tps"], sp["decode_tps"]
-    return ("adding cores speeds prefill almost linearly, decode only marginally",
-            bool(ps >= 0.7 * hi / lo and ds < ps),
-            f"{lo}→{hi} threads: prefill ×{ps:.2f}, decode ×{ds:.2f} (median over quants)")
+    return (
+        "adding cores speeds prefill almost linearly, decode only marginally",
+        bool(ps >= 0.7 * hi / lo and ds < ps),
+        f"{lo}→{hi} threads: prefill ×{ps:.2f}, decode ×{ds:.2f} (median over quants)",
+    )
 
 
 def _quality_knee(g: pd.DataFrame):
@@ -128,9 +134,12 @@ def _quality_knee(g: pd.DataFrame):
     ratios = k.kld.values[1:] / k.kld.values[:-1]
     i = int(np.argmax(ratios))
     knee = float(k.bpw.values[i + 1])
-    return ("quality collapses below ~3.5 bits per weight", bool(knee < 4.0),
-            f"largest KLD jump ×{ratios[i]:.1f} going {k.index[i]} ({k.bpw.values[i]:.2f} bpw) → "
-            f"{k.index[i + 1]} ({knee:.2f} bpw): the knee is at {knee:.2f} bpw")
+    return (
+        "quality collapses below ~3.5 bits per weight",
+        bool(knee < 4.0),
+        f"largest KLD jump ×{ratios[i]:.1f} going {k.index[i]} ({k.bpw.values[i]:.2f} bpw) → "
+        f"{k.index[i + 1]} ({knee:.2f} bpw): the knee is at {knee:.2f} bpw",
+    )
 
 
 def _memory_vs_bpw(g: pd.DataFrame):
@@ -144,8 +153,11 @@ def _memory_vs_bpw(g: pd.DataFrame):
         return None
     r = float(np.corrcoef(rss.b.astype(float), rss.rss.astype(float))[0, 1])
     slope = float(np.polyfit(rss.b.astype(float), rss.rss.astype(float), 1)[0])
-    return ("memory grows linearly with bits per weight", bool(r > 0.95),
-            f"peak RSS vs file size: r = {r:.3f}, slope {slope:.2f}")
+    return (
+        "memory grows linearly with bits per weight",
+        bool(r > 0.95),
+        f"peak RSS vs file size: r = {r:.3f}, slope {slope:.2f}",
+    )
 
 
 def _quota(g: pd.DataFrame, free: pd.DataFrame) -> list[tuple]:
@@ -154,8 +166,13 @@ def _quota(g: pd.DataFrame, free: pd.DataFrame) -> list[tuple]:
         f = free[free.threads.isin(gq.threads)].groupby("quant").value.max()
         s = (gq.groupby("quant").value.max() / f).dropna()
         if len(s):
-            out.append((f"a CPU quota of {quota:g} cores slows decode", bool(s.median() < 0.9),
-                        f"decode under quota / free = {s.median():.2f}"))
+            out.append(
+                (
+                    f"a CPU quota of {quota:g} cores slows decode",
+                    bool(s.median() < 0.9),
+                    f"decode under quota / free = {s.median():.2f}",
+                )
+            )
     return out
 
 
@@ -167,8 +184,9 @@ def _contention(g: pd.DataFrame, free: pd.DataFrame) -> list[tuple]:
     s = (cc.groupby("quant").value.max() / f).dropna()
     if not len(s):
         return []
-    return [("a co-running load slows decode", bool(s.median() < 0.95),
-             f"decode with load / without = {s.median():.2f}")]
+    return [
+        ("a co-running load slows decode", bool(s.median() < 0.95), f"decode with load / without = {s.median():.2f}")
+    ]
 
 
 # on the rows measured without a CPU quota or a co-running load
@@ -186,5 +204,7 @@ def findings(rows: pd.DataFrame) -> list[dict]:
         free = g[g.cpu_quota.isna() & (g.contention.fillna(0) == 0)]
         if not free.empty:
             found += [(dev, model, f) for f in (*_quota(g, free), *_contention(g, free))]
-    return [{"device": dev, "model": model, "claim": claim, "held": held, "evidence": evidence}
-            for dev, model, (claim, held, evidence) in found]
+    return [
+        {"device": dev, "model": model, "claim": claim, "held": held, "evidence": evidence}
+        for dev, model, (claim, held, evidence) in found
+    ]

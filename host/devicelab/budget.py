@@ -28,18 +28,18 @@ from dataclasses import asdict, dataclass
 
 GiB = 1024**3
 MiB = 1024**2
-PAGE = 4096                                   # Linux/Android page size for the LMK's minfree (in pages)
-PHONE_CLASSES_GB = (2, 3, 4, 6, 8, 12, 16, 18, 24)   # marketed phone RAM sizes
-TABLE_PHONES_GB = (4, 6, 8, 12, 16)           # the minimum-RAM table's phone columns
-TABLE_LAPTOPS_GB = (8, 16, 32, 64)            # and its laptop columns
+PAGE = 4096  # Linux/Android page size for the LMK's minfree (in pages)
+PHONE_CLASSES_GB = (2, 3, 4, 6, 8, 12, 16, 18, 24)  # marketed phone RAM sizes
+TABLE_PHONES_GB = (4, 6, 8, 12, 16)  # the minimum-RAM table's phone columns
+TABLE_LAPTOPS_GB = (8, 16, 32, 64)  # and its laptop columns
 PHONE_SHARE, PHONE_RESERVE = 5 / 8, 1.56 * GiB
 
 
 @dataclass(frozen=True)
 class Budget:
     bytes: int | None
-    source: str          # lab file | dumpsys meminfo | MemAvailable | vm_stat | memory_pressure | phone rule
-    detail: str          # how it was reckoned, in words
+    source: str  # lab file | dumpsys meminfo | MemAvailable | vm_stat | memory_pressure | phone rule
+    detail: str  # how it was reckoned, in words
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -114,14 +114,18 @@ def from_facts(facts: dict, override: int | None = None, fraction: float = 0.75)
         less = f" − low-memory killer's foreground threshold {lmk / MiB:.0f} MiB" if lmk else ""
         free_kb = dumpsys_free_kb(str(facts.get("mem.dumpsys_free", "")))
         if free_kb:
-            return Budget(max(0, free_kb * 1024 - lmk), "dumpsys meminfo",
-                          f"free RAM (free + cached) {gib(free_kb * 1024)} at idle{less}")
+            return Budget(
+                max(0, free_kb * 1024 - lmk),
+                "dumpsys meminfo",
+                f"free RAM (free + cached) {gib(free_kb * 1024)} at idle{less}",
+            )
         if avail_kb:
             return Budget(max(0, avail_kb * 1024 - lmk), "MemAvailable", f"{gib(avail_kb * 1024)} at idle{less}")
         if total:
             c = ram_class_gb(total)
-            return Budget(phone_rule(c), "phone rule",
-                          f"a {c} GB phone (MemTotal {gib(total)}): 5/8 of {c} GB − 1.56 GiB")
+            return Budget(
+                phone_rule(c), "phone rule", f"a {c} GB phone (MemTotal {gib(total)}): 5/8 of {c} GB − 1.56 GiB"
+            )
         return Budget(None, "unknown", "the phone reported no memory figures: set ram_budget_bytes in the lab file")
     vm = vm_stat_available(str(facts.get("mem.vm_stat", "")).replace(";", "\n"))
     if vm:
@@ -132,12 +136,16 @@ def from_facts(facts: dict, override: int | None = None, fraction: float = 0.75)
     if avail_kb:
         return Budget(avail_kb * 1024, "MemAvailable", f"{gib(avail_kb * 1024)} at idle")
     if total:
-        return Budget(int(total * fraction), "MemTotal × ram_fraction",
-                      f"{fraction:.0%} of {gib(total)} (the device reports no available memory)")
+        return Budget(
+            int(total * fraction),
+            "MemTotal × ram_fraction",
+            f"{fraction:.0%} of {gib(total)} (the device reports no available memory)",
+        )
     return Budget(None, "unknown", "the device reported no memory figures: set ram_budget_bytes in the lab file")
 
 
 # ---------------------------------------------------------------- battery
+
 
 def battery(facts: dict) -> tuple[float | None, str]:
     """Full-charge capacity in Wh and how it was reckoned: energy_full (µWh), else charge_full (µAh) × the
@@ -147,7 +155,7 @@ def battery(facts: dict) -> tuple[float | None, str]:
         return ef / 1e6, f"energy_full {ef / 1e6:.2f} Wh"
     cf, uv = _int(facts, "battery.charge_full"), _int(facts, "battery.voltage_now")
     if cf and uv:
-        if cf < 100_000:      # some vendors' drivers report mAh where the ABI says µAh
+        if cf < 100_000:  # some vendors' drivers report mAh where the ABI says µAh
             cf *= 1000
         return cf / 1e6 * uv / 1e6, f"charge_full {cf / 1e3:.0f} mAh × {uv / 1e6:.2f} V (voltage now)"
     mah, mv = _int(facts, "battery.max_mah"), _int(facts, "battery.mv")

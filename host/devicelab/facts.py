@@ -29,8 +29,21 @@ def collect(t: Transport, kit_dir: str, root: str = "/") -> dict:
 
 def summary(f: dict) -> dict:
     """The facts stored with every row (the bulky feature list is kept in the artifacts)."""
-    keep = ("uname", "arch", "hostname", "os", "cpu.model", "cpu.count", "cpu.parts", "cpu.max_khz",
-            "mem_total_bytes", "storage_free_bytes", "android.model", "android.soc", "transport")
+    keep = (
+        "uname",
+        "arch",
+        "hostname",
+        "os",
+        "cpu.model",
+        "cpu.count",
+        "cpu.parts",
+        "cpu.max_khz",
+        "mem_total_bytes",
+        "storage_free_bytes",
+        "android.model",
+        "android.soc",
+        "transport",
+    )
     return {k: f.get(k) for k in keep if f.get(k) not in (None, "")}
 
 

@@ -35,8 +35,9 @@ def _records(text: str, path: Path) -> list[dict]:
     for i, r in enumerate(recs, 1):
         missing = [k for k in NEEDED if k not in r]
         if missing:
-            raise DevicelabError(f"{path}: result {i} has no {', '.join(missing)} (expected llama-bench -o json or "
-                                 "-o jsonl output)")
+            raise DevicelabError(
+                f"{path}: result {i} has no {', '.join(missing)} (expected llama-bench -o json or -o jsonl output)"
+            )
         for k in ("model_size", "model_n_params"):
             if r.get(k) is not None and (not isinstance(r[k], (int, float)) or isinstance(r[k], bool) or r[k] < 0):
                 raise DevicelabError(f"{path}: result {i}: {k} is {r[k]!r}, not a size")
@@ -62,13 +63,21 @@ def import_files(files, device: str, recipe: str, lab_dir: Path) -> int:
                 rows = benchp.rows([benchp.BenchTest(r, None) for r in rs])
             except DevicelabError as e:
                 raise DevicelabError(f"{f}: {e}") from None
-            ctx = {"cell_id": digest, "recipe": recipe, "device": device, "model": model, "quant": quant,
-                   "payload": benchp.Bench.name, "run_id": "import", "model_bytes": r0.get("model_size"),
-                   "n_params": r0.get("model_n_params"),
-                   "bpw": (r0["model_size"] * 8 / r0["model_n_params"]) if r0.get("model_n_params") else None,
-                   "build_commit": r0.get("build_commit"), "device_facts": {"cpu_info": r0.get("cpu_info"),
-                                                                            "gpu_info": r0.get("gpu_info")},
-                   "base_note": f"imported from {f.name}"}
+            ctx = {
+                "cell_id": digest,
+                "recipe": recipe,
+                "device": device,
+                "model": model,
+                "quant": quant,
+                "payload": benchp.Bench.name,
+                "run_id": "import",
+                "model_bytes": r0.get("model_size"),
+                "n_params": r0.get("model_n_params"),
+                "bpw": (r0["model_size"] * 8 / r0["model_n_params"]) if r0.get("model_n_params") else None,
+                "build_commit": r0.get("build_commit"),
+                "device_facts": {"cpu_info": r0.get("cpu_info"), "gpu_info": r0.get("gpu_info")},
+                "base_note": f"imported from {f.name}",
+            }
             for row in rows:
                 row.context = ctx
             todo.append((cell, rows))

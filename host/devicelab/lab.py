@@ -13,7 +13,7 @@ from .errors import DevicelabError
 from .transports.settings import ADBSettings, DeviceBase, LocalSettings, SSHSettings
 from .validation import load_yaml, one_line
 
-LAB_HOST_ENV = "DEVICELAB_LAB_HOST"          # a Ray node's lab-host name, inherited by the lanes it runs
+LAB_HOST_ENV = "DEVICELAB_LAB_HOST"  # a Ray node's lab-host name, inherited by the lanes it runs
 
 
 def this_host() -> str:
@@ -35,7 +35,7 @@ def device_from(entry: dict) -> DeviceBase:
 class Lab(BaseModel):
     model_config = ConfigDict(extra="forbid")
     devices: list[Device] = Field(default_factory=lambda: [LocalSettings(name="local")])
-    cluster: str | None = Field(default=None, pattern=r"^[^\s:]+:[0-9]{1,5}$")   # the Ray head, HOST:PORT
+    cluster: str | None = Field(default=None, pattern=r"^[^\s:]+:[0-9]{1,5}$")  # the Ray head, HOST:PORT
 
     @field_validator("devices", mode="before")
     @classmethod
@@ -52,7 +52,6 @@ class Lab(BaseModel):
             return LocalSettings(name="local")
         known = ", ".join(d.name for d in self.devices) or "none"
         raise DevicelabError(f"device {name!r} is not in the lab file (known: {known}); add it under devices:")
-
 
     def hosted_by(self, host: str | None) -> list[DeviceBase]:
         """The devices plugged into one lab host (None: the head)."""

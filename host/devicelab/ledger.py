@@ -40,7 +40,7 @@ DONE, PENDING, RUNNING, FAILED, RETRYABLE = "done", "pending", "running", "faile
 SKIPPED = "skipped"  # the device cannot do this cell (e.g. no cgroup to set a CPU quota): terminal, with a reason
 
 
-LEDGER_FILE = "ledger.sqlite"      # in a lab folder (--lab-dir), beside artifacts/
+LEDGER_FILE = "ledger.sqlite"  # in a lab folder (--lab-dir), beside artifacts/
 
 
 def ledger_path(lab_dir) -> Path:
@@ -76,10 +76,7 @@ class Ledger:
             have = {r[1] for r in self.db.execute("PRAGMA table_info(rows)")}
             for c in ROW_COLUMNS:  # a ledger from an older devicelab gains the new columns, keeps its rows
                 if c not in have:
-                    self.db.execute(
-                        f"ALTER TABLE rows ADD COLUMN {c} "
-                        f"{'REAL' if c in REAL_COLUMNS else 'TEXT'}"
-                    )
+                    self.db.execute(f"ALTER TABLE rows ADD COLUMN {c} {'REAL' if c in REAL_COLUMNS else 'TEXT'}")
         except sqlite3.DatabaseError as e:
             raise DevicelabError(
                 f"{self.path} is not a devicelab ledger ({e}); point --lab-dir at another folder"
@@ -175,11 +172,13 @@ class Ledger:
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
             self.db.execute("DELETE FROM rows WHERE cell_id=?", (cell_id,))
-            self.db.executemany(f"INSERT INTO rows ({cols}) VALUES ({qs})",
-                                [tuple(_sql(rec[c]) for c in ROW_COLUMNS) for rec in recs])
+            self.db.executemany(
+                f"INSERT INTO rows ({cols}) VALUES ({qs})", [tuple(_sql(rec[c]) for c in ROW_COLUMNS) for rec in recs]
+            )
             if done:
-                self.db.execute("UPDATE cells SET status=?, finished_at=?, error=NULL WHERE cell_id=?",
-                                (DONE, _now(), cell_id))
+                self.db.execute(
+                    "UPDATE cells SET status=?, finished_at=?, error=NULL WHERE cell_id=?", (DONE, _now(), cell_id)
+                )
 
     @_locked
     def skip_cell(self, cell_id: str, reason: str) -> None:

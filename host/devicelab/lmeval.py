@@ -35,8 +35,9 @@ def _offline() -> None:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("TQDM_DISABLE", "1")          # devicelab's own progress is the one shown
+    os.environ.setdefault("TQDM_DISABLE", "1")  # devicelab's own progress is the one shown
     import logging
+
     for name in ("lm_eval", "lm-eval", "datasets"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -47,8 +48,9 @@ def _lm_eval():
         import lm_eval  # noqa: F401
         from lm_eval.tasks import TaskManager  # noqa: F401
     except ImportError as e:
-        raise DevicelabError(f"the lm-eval routes need lm-eval ({e.name} is missing): "
-                             "pip install 'devicelab[evals]'") from None
+        raise DevicelabError(
+            f"the lm-eval routes need lm-eval ({e.name} is missing): pip install 'devicelab[evals]'"
+        ) from None
     return lm_eval
 
 
@@ -103,15 +105,21 @@ def route_problem(route: str, task: str, output_type: str | None) -> str | None:
     if output_type is None:
         return None
     if route == "server-generate" and output_type in LOGLIKELIHOOD | ROLLING:
-        return (f"task {task} is {output_type} (log-likelihood): llama-server's completions return no prompt "
-                "logprobs, so lm-eval through it scores such tasks at chance; use route: host-loglikelihood "
-                "(llama-cpp-python on the host) or route: device-mc (llama-perplexity on the device)")
+        return (
+            f"task {task} is {output_type} (log-likelihood): llama-server's completions return no prompt "
+            "logprobs, so lm-eval through it scores such tasks at chance; use route: host-loglikelihood "
+            "(llama-cpp-python on the host) or route: device-mc (llama-perplexity on the device)"
+        )
     if route == "host-loglikelihood" and output_type in GENERATE:
-        return (f"task {task} is a generation task (generate_until): use route: server-generate, which runs "
-                "it against llama-server on the device")
+        return (
+            f"task {task} is a generation task (generate_until): use route: server-generate, which runs "
+            "it against llama-server on the device"
+        )
     if route == "host-loglikelihood" and output_type in ROLLING:
-        return (f"task {task} is a rolling log-likelihood (perplexity) task: use the kld payload, which runs "
-                "llama-perplexity on the device against host base logits")
+        return (
+            f"task {task} is a rolling log-likelihood (perplexity) task: use the kld payload, which runs "
+            "llama-perplexity on the device against host base logits"
+        )
     return None
 
 
@@ -138,15 +146,17 @@ def _in(folder: Path | None):
 
 def _task_manager(include: Path | None, tasks: list[str]):
     from lm_eval.tasks import TaskManager
+
     own = declared_output_types(include) if include else {}
     # lm-eval's ~10k built-in task YAMLs are indexed only when a task is not one of the user's own
-    tm = TaskManager(include_path=str(include) if include else None,
-                     include_defaults=not all(t in own for t in tasks))
+    tm = TaskManager(include_path=str(include) if include else None, include_defaults=not all(t in own for t in tasks))
     missing_tasks = [t for t in tasks if t not in tm.all_tasks]
     if missing_tasks:
         where = f" in {include}" if include else ""
-        raise DevicelabError(f"lm-eval task(s) {', '.join(missing_tasks)} not found{where}; "
-                             "name tasks defined by the YAML files of `include:` or built into lm-eval")
+        raise DevicelabError(
+            f"lm-eval task(s) {', '.join(missing_tasks)} not found{where}; "
+            "name tasks defined by the YAML files of `include:` or built into lm-eval"
+        )
     return tm
 
 
@@ -172,16 +182,18 @@ def _loaded_output_types(tm, tasks: list[str]) -> dict[str, str]:
                 elif v is not None and hasattr(v, "OUTPUT_TYPE"):
                     name = getattr(v, "task_name", None) or getattr(v, "config", {}).get("task", str(k))
                     out[str(name)] = v.OUTPUT_TYPE
+
         try:
             walk(get_task_dict(rest, tm))
         except Exception as e:  # noqa: BLE001 - datasets' offline/missing errors: one line
-            raise DevicelabError(f"lm-eval could not load {', '.join(rest)}: {type(e).__name__}: {str(e)[:200]} "
-                                 "(offline: the dataset must be in your HF cache, or give local data_files)") from e
+            raise DevicelabError(
+                f"lm-eval could not load {', '.join(rest)}: {type(e).__name__}: {str(e)[:200]} "
+                "(offline: the dataset must be in your HF cache, or give local data_files)"
+            ) from e
     return out
 
 
-def evaluate(route: str, lm, tasks: list[str], include: Path | None, limit: int | None,
-             seed: int = 1234) -> dict:
+def evaluate(route: str, lm, tasks: list[str], include: Path | None, limit: int | None, seed: int = 1234) -> dict:
     """Run lm-eval on `lm` (a model name + args string, or an LM object) and return its results dict."""
     lm_eval = _lm_eval()
     with _in(include):
@@ -189,15 +201,25 @@ def evaluate(route: str, lm, tasks: list[str], include: Path | None, limit: int 
         check_tasks(route, tasks, _loaded_output_types(tm, tasks))
         model, model_args = (lm, None) if not isinstance(lm, tuple) else lm
         try:
-            res = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=tasks, task_manager=tm,
-                                          limit=limit, log_samples=False, random_seed=seed,
-                                          numpy_random_seed=seed, torch_random_seed=seed,
-                                          fewshot_random_seed=seed, bootstrap_iters=1000)
+            res = lm_eval.simple_evaluate(
+                model=model,
+                model_args=model_args,
+                tasks=tasks,
+                task_manager=tm,
+                limit=limit,
+                log_samples=False,
+                random_seed=seed,
+                numpy_random_seed=seed,
+                torch_random_seed=seed,
+                fewshot_random_seed=seed,
+                bootstrap_iters=1000,
+            )
         except DevicelabError:
             raise
         except Exception as e:  # noqa: BLE001 - lm-eval, datasets, the HTTP client: one line for the cell
-            raise DevicelabError(f"lm-eval failed on {', '.join(tasks)} ({route}): {type(e).__name__}: "
-                                 f"{str(e).strip()[:240]}") from e
+            raise DevicelabError(
+                f"lm-eval failed on {', '.join(tasks)} ({route}): {type(e).__name__}: {str(e).strip()[:240]}"
+            ) from e
     if not res or not res.get("results"):
         raise DevicelabError("lm-eval returned no results (no task ran)")
     return res
@@ -209,8 +231,15 @@ def server_client(route_url: str, chat: bool, slots: int, model_name: str) -> tu
         name, url = "local-chat-completions", f"{route_url}/v1/chat/completions"
     else:
         name, url = "local-completions", f"{route_url}/v1/completions"
-    args = {"base_url": url, "model": model_name, "tokenizer_backend": None, "tokenized_requests": False,
-            "num_concurrent": slots, "max_retries": 2, "timeout": 600}
+    args = {
+        "base_url": url,
+        "model": model_name,
+        "tokenizer_backend": None,
+        "tokenized_requests": False,
+        "num_concurrent": slots,
+        "max_retries": 2,
+        "timeout": 600,
+    }
     return name, ",".join(f"{k}={v}" for k, v in args.items())
 
 
@@ -229,7 +258,7 @@ def rows(res: dict, route: str) -> list[Row]:
     for task, r in sorted(res["results"].items()):
         cfg = res.get("configs", {}).get(task)
         if cfg is None:
-            continue                                    # a group's aggregate: its tasks have rows of their own
+            continue  # a group's aggregate: its tasks have rows of their own
         metric, filt = _primary(cfg)
         key = f"{metric},{filt}"
         n = (res.get("n-samples", {}).get(task) or {}).get("effective")
@@ -239,8 +268,9 @@ def rows(res: dict, route: str) -> list[Row]:
             out.append(missing("accuracy", f"lm-eval reported no {key} for {task} ({route})", **kw))
             continue
         se = r.get(f"{metric}_stderr,{filt}")
-        out.append(Row(metric="accuracy", value=float(v), stddev=float(se) if isinstance(se, (int, float)) else None,
-                       **kw))
+        out.append(
+            Row(metric="accuracy", value=float(v), stddev=float(se) if isinstance(se, (int, float)) else None, **kw)
+        )
     return out
 
 
@@ -251,8 +281,9 @@ def host_lm(model_path: Path, n_ctx: int, threads: int):
     try:
         import llama_cpp
     except ImportError:
-        raise DevicelabError("route host-loglikelihood needs llama-cpp-python: "
-                             "pip install 'devicelab[evals]'") from None
+        raise DevicelabError(
+            "route host-loglikelihood needs llama-cpp-python: pip install 'devicelab[evals]'"
+        ) from None
     import numpy as np
     from lm_eval.api.model import LM
 

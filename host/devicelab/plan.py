@@ -20,7 +20,7 @@ class Cell:
     device: str
     model: str
     quant: str
-    payload: str            # a registered kind's name
+    payload: str  # a registered kind's name
     params: dict = field(hash=False)
     cell_id: str = ""
 
@@ -51,21 +51,28 @@ def expand(recipe: Recipe, source_commit: str, model_sha: dict[str, str]) -> lis
                     if not kind.per_model:
                         continue
                     for params in kind.variants(p):
-                        if b is not None:          # a recipe without backends keeps the ids it always had
+                        if b is not None:  # a recipe without backends keeps the ids it always had
                             if kind.where(params) == "host" and b != recipe.backends[0]:
-                                continue                   # runs on this host's llama.cpp: once
+                                continue  # runs on this host's llama.cpp: once
                             params = {**params, "backend": b}
-                        ident = {"recipe": recipe.name, "device": dev, "model": m.name,
-                                 "model_sha256": model_sha[m.name], "quant": q, "payload": p.kind,
-                                 "params": params, "source_commit": source_commit}
-                        if m.imatrix is not None:      # its quants are other files
+                        ident = {
+                            "recipe": recipe.name,
+                            "device": dev,
+                            "model": m.name,
+                            "model_sha256": model_sha[m.name],
+                            "quant": q,
+                            "payload": p.kind,
+                            "params": params,
+                            "source_commit": source_commit,
+                        }
+                        if m.imatrix is not None:  # its quants are other files
                             ident["imatrix"] = m.imatrix.model_dump()
                         cells.append(Cell(recipe.name, dev, m.name, q, p.kind, params, cell_id(ident)))
         for p in recipe.payloads:
             kind = kinds.get(p.kind)
             if kind.per_model:
                 continue
-            for params in kind.variants(p):        # a device property: once per device
+            for params in kind.variants(p):  # a device property: once per device
                 ident = {"recipe": recipe.name, "device": dev, "payload": p.kind, "params": params}
                 cells.append(Cell(recipe.name, dev, "-", "-", p.kind, params, cell_id(ident)))
     return cells

@@ -17,6 +17,7 @@ def gpu_backends(t, dev: Device) -> str:
     from . import facts as factsmod
     from .build import backends
     from .runner.session import target_for
+
     kit = kitmod.ensure(t)
     tgt, _ = target_for(t, dev, factsmod.collect(t, kit, dev.telemetry_root))
     out = []

@@ -14,8 +14,15 @@ def tail(text: str, n: int = 25) -> str:
     return "\n".join(lines[-n:])
 
 
-def run_logged(argv: Sequence[str], log: Path, *, cwd: Path | None = None, env: dict | None = None,
-               what: str = "command", hint: str = "") -> None:
+def run_logged(
+    argv: Sequence[str],
+    log: Path,
+    *,
+    cwd: Path | None = None,
+    env: dict | None = None,
+    what: str = "command",
+    hint: str = "",
+) -> None:
     """Run argv with stdout+stderr appended to `log`; raise a one-line DevicelabError carrying the
     log tail if it fails."""
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -30,5 +37,6 @@ def run_logged(argv: Sequence[str], log: Path, *, cwd: Path | None = None, env: 
         text = log.read_text(errors="replace")
         err_lines = [l for l in text.splitlines() if "error" in l.lower()]
         first = err_lines[0].strip() if err_lines else f"exit status {rc}"
-        raise DevicelabError(f"{what} failed ({first[:200]}); full log: {log}{'; ' + hint if hint else ''}",
-                             detail=tail(text))
+        raise DevicelabError(
+            f"{what} failed ({first[:200]}); full log: {log}{'; ' + hint if hint else ''}", detail=tail(text)
+        )

@@ -23,8 +23,9 @@ def present(t: Transport, sha: str, name: str) -> str | None:
     return dst if t.exists(dst + ".ok") else None
 
 
-def ensure(t: Transport, local: Path, sha: str, name: str | None = None, mode: str | None = None,
-           attempts: int = 2) -> str:
+def ensure(
+    t: Transport, local: Path, sha: str, name: str | None = None, mode: str | None = None, attempts: int = 2
+) -> str:
     name = name or Path(local).name
     dst = remote_path(t, sha, name)
     ok = dst + ".ok"
@@ -38,5 +39,7 @@ def ensure(t: Transport, local: Path, sha: str, name: str | None = None, mode: s
         if got == sha:
             return dst
     t.run(["rm", "-f", part])
-    raise RetryableError(f"push of {name} to {t.name} failed verification (sha256 {got} != {sha[:16]}…); "
-                         "check the link and the device's free storage, then run again")
+    raise RetryableError(
+        f"push of {name} to {t.name} failed verification (sha256 {got} != {sha[:16]}…); "
+        "check the link and the device's free storage, then run again"
+    )

@@ -17,14 +17,15 @@ def resolve_text(spec: str, src=None, base: Path | None = None, what: str = "per
     if spec.startswith(SOURCE_PREFIX):
         if src is None:
             raise DevicelabError(f"{what} {spec}: the llama.cpp source is not resolved yet")
-        p = src.path / spec[len(SOURCE_PREFIX):]
+        p = src.path / spec[len(SOURCE_PREFIX) :]
     else:
         p = Path(spec).expanduser()
         if not p.is_absolute() and base is not None and (base / p).exists():
-            p = base / p            # relative paths in a recipe are relative to the recipe file
+            p = base / p  # relative paths in a recipe are relative to the recipe file
     if not p.is_file():
-        raise DevicelabError(f"{what} {spec} not found; give a text file path (relative to the recipe) or "
-                             f"'{SOURCE_PREFIX}RELATIVE/PATH'")
+        raise DevicelabError(
+            f"{what} {spec} not found; give a text file path (relative to the recipe) or '{SOURCE_PREFIX}RELATIVE/PATH'"
+        )
     return p
 
 

@@ -25,7 +25,8 @@ class _Strict(BaseModel):
 class ImatrixSpec(_Strict):
     """An importance matrix made once per base on the host (llama-imatrix), cached by base and text; the
     model's ladder is quantized with it, which makes the i-quants possible."""
-    text: str = DEFAULT_TEXT          # calibration text: a path (relative to the recipe) or the KLD default
+
+    text: str = DEFAULT_TEXT  # calibration text: a path (relative to the recipe) or the KLD default
     chunks: int = Field(default=16, ge=1)
     ctx: int = Field(default=512, ge=16)
 
@@ -42,6 +43,7 @@ class ModelSpec(_Strict):
     def _hf(cls, v: str | None) -> str | None:
         if v and v.startswith("hf:"):
             from .models.hub import parse
+
             try:
                 parse(v)
             except Exception as e:  # DevicelabError → pydantic message
@@ -61,8 +63,8 @@ class RecommendSpec(_Strict):
     max_energy_per_token: float | None = Field(default=None, gt=0)
     # laptops and servers in the minimum-RAM table, and a device that reports no available memory
     ram_fraction: float = Field(default=0.75, gt=0, le=1)
-    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"   # KV sizing at `context` (llama.cpp -ctk/-ctv)
-    max_devhost_kld: float = Field(default=0.01, gt=0)   # device vs host logits for the same file
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"  # KV sizing at `context` (llama.cpp -ctk/-ctv)
+    max_devhost_kld: float = Field(default=0.01, gt=0)  # device vs host logits for the same file
     min_accuracy: float | None = Field(default=None, ge=0, le=1)
     # "within 2 points of the unquantized model on your own eval": per task, against the model's f16/bf16/f32
     # file on the same task and device (accuracy points, 0–100)
@@ -124,24 +126,29 @@ def _check_imatrix(r: Recipe, path: Path) -> None:
     """i-quants are made with an importance matrix: asked for without one, refused here, before anything runs."""
     from .errors import DevicelabError
     from .models.ladder import NEEDS_IMATRIX
+
     iq = [q for q in r.quants if q in NEEDS_IMATRIX]
     bare = [m.name for m in r.models if m.imatrix is None]
     if iq and bare:
-        raise DevicelabError(f"{path}: quants {', '.join(iq)} need an importance matrix, and model {bare[0]} has "
-                             "none: give it `imatrix: {text: CALIBRATION.txt}` (or drop the i-quants)")
+        raise DevicelabError(
+            f"{path}: quants {', '.join(iq)} need an importance matrix, and model {bare[0]} has "
+            "none: give it `imatrix: {text: CALIBRATION.txt}` (or drop the i-quants)"
+        )
     for i, m in enumerate(r.models):
         if m.imatrix is not None and m.imatrix.text != DEFAULT_TEXT:
             t = Path(m.imatrix.text).expanduser()
             t = t if t.is_absolute() else path.resolve().parent / t
             if not t.is_file():
-                raise DevicelabError(f"{path}: models.{i}.imatrix.text: {t} does not exist; give a calibration "
-                                     "text file")
+                raise DevicelabError(
+                    f"{path}: models.{i}.imatrix.text: {t} does not exist; give a calibration text file"
+                )
 
 
 def _check_kinds(r: Recipe, path: Path) -> None:
     """Each kind's own checks that need the file system (data files, task folders, eval routes), before
     anything runs."""
     from .errors import DevicelabError
+
     for i, p in enumerate(r.payloads):
         try:
             kinds.get(p.kind).check(p, path.resolve().parent)

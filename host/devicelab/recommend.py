@@ -21,8 +21,8 @@ from .models.gguf_info import kv_scale
 from .recipes import RecommendSpec
 from .schema import TOKEN_PHASES
 
-DEFAULT_OVERHEAD = 64 * 1024**2   # used only when no peak RSS was measured for the model (and said so)
-FLOAT_QUANTS = ("f32", "bf16", "f16")   # a model's unquantized files: the base of the relative quality bar
+DEFAULT_OVERHEAD = 64 * 1024**2  # used only when no peak RSS was measured for the model (and said so)
+FLOAT_QUANTS = ("f32", "bf16", "f16")  # a model's unquantized files: the base of the relative quality bar
 
 
 @dataclass(kw_only=True)
@@ -49,14 +49,14 @@ class Candidate:
     accuracy: float | None = None
     devhost_kld: float | None = None
     ram_budget_source: str | None = None
-    backend: str = ""                                     # the llama.cpp backend it ran on ("" = not recorded)
-    multi_backend: bool = False                           # its device was measured on several backends
-    task_accuracy: dict = field(default_factory=dict)     # task -> accuracy (mean over its routes)
-    base_accuracy: dict = field(default_factory=dict)     # task -> the unquantized base's, same device
+    backend: str = ""  # the llama.cpp backend it ran on ("" = not recorded)
+    multi_backend: bool = False  # its device was measured on several backends
+    task_accuracy: dict = field(default_factory=dict)  # task -> accuracy (mean over its routes)
+    base_accuracy: dict = field(default_factory=dict)  # task -> the unquantized base's, same device
     wh_per_prompt: float | None = None
-    prompt_shape: str | None = None                       # "pp512+tg128": the prompt wh_per_prompt is for
-    battery_per_1000: float | None = None                 # share of a full battery per 1,000 such prompts
-    energy_source: str | None = None                      # the power source and calibration, the capacity
+    prompt_shape: str | None = None  # "pp512+tg128": the prompt wh_per_prompt is for
+    battery_per_1000: float | None = None  # share of a full battery per 1,000 such prompts
+    energy_source: str | None = None  # the power source and calibration, the capacity
     failures: list[str] = field(default_factory=list)
     verdict: str = ""
     on_frontier: bool = False
@@ -77,21 +77,28 @@ class DeviceRecommendation:
     candidates: list[Candidate]
     spec: dict
     quality_axis: str = "kld_mean"
-    knees: dict = field(default_factory=dict)       # model -> {"bpw": …, "from": quant, "to": quant, "jump": ×}
-    per_task: dict = field(default_factory=dict)    # task -> {"pick", "accuracy", "base_accuracy", "candidates"}
-    min_ram: list = field(default_factory=list)     # per model and quant: the smallest phone and laptop it fits
-    backends: list = field(default_factory=list)    # per model and quant measured on several backends: who won, why
+    knees: dict = field(default_factory=dict)  # model -> {"bpw": …, "from": quant, "to": quant, "jump": ×}
+    per_task: dict = field(default_factory=dict)  # task -> {"pick", "accuracy", "base_accuracy", "candidates"}
+    min_ram: list = field(default_factory=list)  # per model and quant: the smallest phone and laptop it fits
+    backends: list = field(default_factory=list)  # per model and quant measured on several backends: who won, why
 
     @property
     def frontier(self) -> list[Candidate]:
         return [c for c in self.candidates if c.on_frontier]
 
     def to_json(self) -> dict:
-        return {"device": self.device, "pick": asdict(self.pick) if self.pick else None,
-                "candidates": [asdict(c) for c in self.candidates], "constraints": self.spec,
-                "quality_axis": self.quality_axis,
-                "frontier": [c.label for c in self.frontier], "bpw_knee": self.knees,
-                "per_task": self.per_task, "min_ram": self.min_ram, "backends": self.backends}
+        return {
+            "device": self.device,
+            "pick": asdict(self.pick) if self.pick else None,
+            "candidates": [asdict(c) for c in self.candidates],
+            "constraints": self.spec,
+            "quality_axis": self.quality_axis,
+            "frontier": [c.label for c in self.frontier],
+            "bpw_knee": self.knees,
+            "per_task": self.per_task,
+            "min_ram": self.min_ram,
+            "backends": self.backends,
+        }
 
 
 def _num(x):
@@ -164,8 +171,11 @@ def _energy(g: pd.DataFrame, threads, spec: RecommendSpec, first) -> dict:
         except (TypeError, ValueError):
             continue
         break
-    how = ", ".join(f"{k} {v}" for k, v in cal.items() if k in ("source", "current_unit", "current_sign",
-                                                                 "energy_from", "calibrated_by"))
+    how = ", ".join(
+        f"{k} {v}"
+        for k, v in cal.items()
+        if k in ("source", "current_unit", "current_sign", "energy_from", "calibrated_by")
+    )
     how = "; ".join([how or "power source unnamed", *notes])
     out = {"wh_per_prompt": wh, "prompt_shape": f"pp{n_p}+tg{n_g}", "energy_source": how}
     cap = _num(_col(first, "battery_wh"))
@@ -177,7 +187,7 @@ def _energy(g: pd.DataFrame, threads, spec: RecommendSpec, first) -> dict:
 
 # ---------------------------------------------------------------- measuring: a candidate's figures from its rows
 
-Key = tuple[str, str, str, str]                  # device, model, quant, backend
+Key = tuple[str, str, str, str]  # device, model, quant, backend
 
 
 def _mib(b) -> str:
@@ -201,7 +211,7 @@ def _overhead(g: pd.DataFrame, mbytes: int, kvpt: float | None) -> int | None:
 def _ram_budget(first, spec: RecommendSpec) -> tuple[int | None, str | None]:
     """The device's memory budget as its rows recorded it, and where it came from."""
     budget, source = _num(_col(first, "ram_budget_bytes")), _col(first, "ram_budget_source")
-    if budget is None:          # rows recorded before devices reported their own budget
+    if budget is None:  # rows recorded before devices reported their own budget
         raw = _num(first["device_mem_bytes"])
         budget = raw * spec.ram_fraction if raw else None
         source = f"{spec.ram_fraction:.0%} of the device's RAM (rows recorded before memory budgets)"
@@ -211,8 +221,14 @@ def _ram_budget(first, spec: RecommendSpec) -> tuple[int | None, str | None]:
 def _base_accuracy(key: Key, accs: dict) -> dict:
     """The model's unquantized base's accuracy per task, same device and backend."""
     device, model, _, backend = key
-    return next((accs[(device, model, q, backend)] for q in FLOAT_QUANTS
-                 if (device, model, q, backend) in accs and accs[(device, model, q, backend)]), {})
+    return next(
+        (
+            accs[(device, model, q, backend)]
+            for q in FLOAT_QUANTS
+            if (device, model, q, backend) in accs and accs[(device, model, q, backend)]
+        ),
+        {},
+    )
 
 
 def measure(key: Key, g: pd.DataFrame, spec: RecommendSpec, accs: dict, task: str | None = None) -> Candidate:
@@ -232,14 +248,28 @@ def measure(key: Key, g: pd.DataFrame, spec: RecommendSpec, accs: dict, task: st
     if task is not None:
         tacc = {task: tacc[task]} if task in tacc else {}
     return Candidate(
-        device=device, model=model, quant=quant, model_bytes=mbytes, bpw=float(first["bpw"]), kv_bytes=kv,
-        overhead_bytes=overhead, overhead_measured=overhead is not None,
-        ram_need=mbytes + (kv or 0) + (overhead if overhead is not None else DEFAULT_OVERHEAD), ram_budget=budget,
-        decode_tps=dec, decode_threads=threads, prefill_tps=_metric(g, "prefill_tps")[0],
-        kld_mean=_metric(g, "kld_mean")[0], ppl_ratio=_metric(g, "ppl_ratio")[0],
+        device=device,
+        model=model,
+        quant=quant,
+        model_bytes=mbytes,
+        bpw=float(first["bpw"]),
+        kv_bytes=kv,
+        overhead_bytes=overhead,
+        overhead_measured=overhead is not None,
+        ram_need=mbytes + (kv or 0) + (overhead if overhead is not None else DEFAULT_OVERHEAD),
+        ram_budget=budget,
+        decode_tps=dec,
+        decode_threads=threads,
+        prefill_tps=_metric(g, "prefill_tps")[0],
+        kld_mean=_metric(g, "kld_mean")[0],
+        ppl_ratio=_metric(g, "ppl_ratio")[0],
         energy_per_token=_metric(g[g["phase"] == "decode"], "energy_per_token", how="min")[0],
-        accuracy=sum(tacc.values()) / len(tacc) if tacc else None, devhost_kld=_metric(g, "devhost_kld_mean")[0],
-        ram_budget_source=bsource, backend=backend, task_accuracy=tacc, base_accuracy=_base_accuracy(key, accs),
+        accuracy=sum(tacc.values()) / len(tacc) if tacc else None,
+        devhost_kld=_metric(g, "devhost_kld_mean")[0],
+        ram_budget_source=bsource,
+        backend=backend,
+        task_accuracy=tacc,
+        base_accuracy=_base_accuracy(key, accs),
         verdict="" if overhead is not None else f"runtime overhead not measured: assumed {_mib(DEFAULT_OVERHEAD)}",
         **_energy(g, threads, spec, first),
     )
@@ -249,15 +279,18 @@ def measure(key: Key, g: pd.DataFrame, spec: RecommendSpec, accs: dict, task: st
 # A check takes the candidate, the recipe's constraints and the tasks it is judged on, and returns the reasons
 # it lost (none: it passes that check). CHECKS runs them in the order their reasons are listed.
 
+
 def fits_ram(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
     if c.ram_budget is None:
         return ["device RAM unknown: set ram_budget_bytes in the lab file"]
     if c.ram_need <= c.ram_budget:
         return []
     runtime = c.overhead_bytes if c.overhead_bytes is not None else DEFAULT_OVERHEAD
-    return [f"needs {_mib(c.ram_need)} (weights {_mib(c.model_bytes)} + {spec.kv_cache_type} KV@{spec.context} "
-            f"{_mib(c.kv_bytes or 0)} + runtime {_mib(runtime)}) > budget {_mib(c.ram_budget)} "
-            f"({c.ram_budget_source})"]
+    return [
+        f"needs {_mib(c.ram_need)} (weights {_mib(c.model_bytes)} + {spec.kv_cache_type} KV@{spec.context} "
+        f"{_mib(c.kv_bytes or 0)} + runtime {_mib(runtime)}) > budget {_mib(c.ram_budget)} "
+        f"({c.ram_budget_source})"
+    ]
 
 
 def kld_bar(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
@@ -280,8 +313,10 @@ def speed_target(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
 
 def same_as_host(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
     if c.devhost_kld is not None and c.devhost_kld > spec.max_devhost_kld:
-        return [f"the device's logits differ from the host's for this very file (KLD {c.devhost_kld:.4f} > "
-                f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device"]
+        return [
+            f"the device's logits differ from the host's for this very file (KLD {c.devhost_kld:.4f} > "
+            f"{spec.max_devhost_kld}): a backend bug or a silent fallback on the device"
+        ]
     return []
 
 
@@ -304,11 +339,15 @@ def accuracy_drop(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
         if acc is None:
             out.append(f"not judged on {task}: no accuracy measured for this quant")
         elif base is None:
-            out.append(f"not judged on {task}: the unquantized base ({'/'.join(FLOAT_QUANTS)}) was never "
-                       "measured on this task on this device: add f16 to the recipe's quants")
+            out.append(
+                f"not judged on {task}: the unquantized base ({'/'.join(FLOAT_QUANTS)}) was never "
+                "measured on this task on this device: add f16 to the recipe's quants"
+            )
         elif (base - acc) * 100 > spec.max_accuracy_drop:
-            out.append(f"{task}: accuracy {acc:.1%} is {(base - acc) * 100:.1f} points below the base's "
-                       f"{base:.1%} (> {spec.max_accuracy_drop:g})")
+            out.append(
+                f"{task}: accuracy {acc:.1%} is {(base - acc) * 100:.1f} points below the base's "
+                f"{base:.1%} (> {spec.max_accuracy_drop:g})"
+            )
     return out
 
 
@@ -323,8 +362,16 @@ def energy_budget(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
 
 
 Check = Callable[[Candidate, RecommendSpec, Sequence[str]], list[str]]
-CHECKS: tuple[Check, ...] = (fits_ram, kld_bar, ppl_bar, speed_target, same_as_host, accuracy_bar, accuracy_drop,
-                             energy_budget)
+CHECKS: tuple[Check, ...] = (
+    fits_ram,
+    kld_bar,
+    ppl_bar,
+    speed_target,
+    same_as_host,
+    accuracy_bar,
+    accuracy_drop,
+    energy_budget,
+)
 
 
 def judge(c: Candidate, spec: RecommendSpec, tasks: Sequence[str], checks: Sequence[Check] = CHECKS) -> list[str]:
@@ -335,7 +382,7 @@ def judge(c: Candidate, spec: RecommendSpec, tasks: Sequence[str], checks: Seque
 def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None) -> list[Candidate]:
     """Every (device, model, quant, backend) measured, then judged. With `task`, its accuracy is that task's
     alone and only that task's bars apply (a per-task pick)."""
-    rows = rows[rows["model_bytes"].notna()]          # device-level rows (membw) are not candidates
+    rows = rows[rows["model_bytes"].notna()]  # device-level rows (membw) are not candidates
     if rows.empty:
         return []
     rows = rows.assign(_backend=rows["backend"].fillna("") if "backend" in rows.columns else "")
@@ -345,8 +392,11 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None)
     for key, g in groups:
         c = measure(key, g, spec, accs, task)
         device, model, _, backend = key
-        tasks = [task] if task is not None else sorted({t for (d, m, _, b), a in accs.items()
-                                                        if (d, m, b) == (device, model, backend) for t in a})
+        tasks = (
+            [task]
+            if task is not None
+            else sorted({t for (d, m, _, b), a in accs.items() if (d, m, b) == (device, model, backend) for t in a})
+        )
         c.failures = judge(c, spec, tasks)
         out.append(c)
     return out
@@ -431,8 +481,10 @@ def backend_lines(cs: list[Candidate]) -> list[str]:
         if len({c.backend for c in g}) < 2:
             continue
         best = sorted(g, key=lambda c: (not c.passes, -(c.decode_tps or 0)))[0]
-        out.append(f"{model} {quant}: {best.backend} wins" + ("" if best.passes else " (though it fails: "
-                                                             + "; ".join(best.failures) + ")"))
+        out.append(
+            f"{model} {quant}: {best.backend} wins"
+            + ("" if best.passes else " (though it fails: " + "; ".join(best.failures) + ")")
+        )
         for c in g:
             if c is best:
                 continue
@@ -453,12 +505,21 @@ def min_ram_table(cs: list[Candidate], spec: RecommendSpec) -> list[dict]:
     out = []
     for c in sorted(cs, key=lambda c: (c.model, -c.bpw)):
         phone = next((g for g in budgetmod.TABLE_PHONES_GB if budgetmod.phone_rule(g) >= c.ram_need), None)
-        laptop = next((g for g in budgetmod.TABLE_LAPTOPS_GB
-                       if budgetmod.laptop_rule(g, spec.ram_fraction) >= c.ram_need), None)
+        laptop = next(
+            (g for g in budgetmod.TABLE_LAPTOPS_GB if budgetmod.laptop_rule(g, spec.ram_fraction) >= c.ram_need), None
+        )
         if any((m["model"], m["quant"]) == (c.model, c.quant) for m in out):
-            continue                                   # one line per file, whatever the backends
-        out.append({"model": c.model, "quant": c.quant, "need_bytes": c.ram_need,
-                    "overhead_measured": c.overhead_measured, "phone_gb": phone, "laptop_gb": laptop})
+            continue  # one line per file, whatever the backends
+        out.append(
+            {
+                "model": c.model,
+                "quant": c.quant,
+                "need_bytes": c.ram_need,
+                "overhead_measured": c.overhead_measured,
+                "phone_gb": phone,
+                "laptop_gb": laptop,
+            }
+        )
     return out
 
 
@@ -475,9 +536,16 @@ def _per_task(rows: pd.DataFrame, spec: RecommendSpec, tasks: list[str], multi: 
             "accuracy": tpick.accuracy if tpick else None,
             "base_accuracy": tpick.base_accuracy.get(task) if tpick else None,
             "passing": n_ok,
-            "candidates": [{"model": c.model, "quant": c.quant, "accuracy": c.accuracy,
-                            "base_accuracy": c.base_accuracy.get(task), "verdict": c.verdict}
-                           for c in sorted(tcs, key=lambda c: (c.model, -c.bpw))],
+            "candidates": [
+                {
+                    "model": c.model,
+                    "quant": c.quant,
+                    "accuracy": c.accuracy,
+                    "base_accuracy": c.base_accuracy.get(task),
+                    "verdict": c.verdict,
+                }
+                for c in sorted(tcs, key=lambda c: (c.model, -c.bpw))
+            ],
         }
     return per_task
 
@@ -495,13 +563,21 @@ def _device(device: str, cs: list[Candidate], rows: pd.DataFrame, spec: Recommen
     per_task = _per_task(rows[rows["device"] == device], spec, tasks, multi) if len(tasks) > 1 else {}
     knees = {m: knee([c for c in cs if c.model == m]) for m in models}
     return DeviceRecommendation(
-        device=device, pick=pick, candidates=sorted(cs, key=lambda c: (c.model, -c.bpw)), spec=spec.model_dump(),
-        quality_axis=axis, knees={m: k for m, k in knees.items() if k}, per_task=per_task,
-        min_ram=min_ram_table(cs, spec), backends=backend_lines(cs),
+        device=device,
+        pick=pick,
+        candidates=sorted(cs, key=lambda c: (c.model, -c.bpw)),
+        spec=spec.model_dump(),
+        quality_axis=axis,
+        knees={m: k for m, k in knees.items() if k},
+        per_task=per_task,
+        min_ram=min_ram_table(cs, spec),
+        backends=backend_lines(cs),
     )
 
 
 def recommend(rows: pd.DataFrame, spec: RecommendSpec) -> list[DeviceRecommendation]:
     cands = candidates(rows, spec)
-    return [_device(device, [c for c in cands if c.device == device], rows, spec)
-            for device in dict.fromkeys(c.device for c in cands)]
+    return [
+        _device(device, [c for c in cands if c.device == device], rows, spec)
+        for device in dict.fromkeys(c.device for c in cands)
+    ]

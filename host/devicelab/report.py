@@ -96,8 +96,14 @@ def _speed_plot(rows: pd.DataFrame) -> str | None:
                 .agg(bpw=("bpw", "first"), v=("value", "max"), sd=("stddev", "max"))
                 .sort_values("bpw")
             )
-            ax.errorbar(g.bpw, g.v, yerr=g.sd.fillna(0), fmt="o-", capsize=2,
-                        label=f"{dev} · {model} · {th} thr" + (f" · {be}" if be else ""))
+            ax.errorbar(
+                g.bpw,
+                g.v,
+                yerr=g.sd.fillna(0),
+                fmt="o-",
+                capsize=2,
+                label=f"{dev} · {model} · {th} thr" + (f" · {be}" if be else ""),
+            )
         ax.set(xlabel="bits per weight (file)", ylabel="tokens/s", title=metric.replace("_tps", " t/s"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -174,39 +180,71 @@ figcaption{font-size:11px;color:#666}.pick{background:#e5f6e5;font-weight:bold}.
 def _recommendation(v: RecommendationView) -> list[str]:
     """One device's recommendation: the pick, the candidates, why, per task, minimum RAM, KV cache, the knees."""
     p = v.pick
-    parts = [f"<p class='pick' data-device='{html.escape(v.device)}'>{html.escape(v.device)}: ship "
-             f"{html.escape(p.label)} ({p.bpw} bits/weight, {p.mib} MiB)</p>" if p
-             else f"<p class='lost'>{html.escape(v.device)}: {NO_PICK}</p>",
-             _html_table(v.candidates),
-             "<ul class='why'>" + "".join(f"<li>{html.escape(x)}</li>" for x in v.reasons) + "</ul>"]
+    parts = [
+        f"<p class='pick' data-device='{html.escape(v.device)}'>{html.escape(v.device)}: ship "
+        f"{html.escape(p.label)} ({p.bpw} bits/weight, {p.mib} MiB)</p>"
+        if p
+        else f"<p class='lost'>{html.escape(v.device)}: {NO_PICK}</p>",
+        _html_table(v.candidates),
+        "<ul class='why'>" + "".join(f"<li>{html.escape(x)}</li>" for x in v.reasons) + "</ul>",
+    ]
     if v.per_task:
         parts += ["<p>Per task (an easy task can ship a smaller file):</p>", _html_table(v.per_task)]
     if v.min_ram:
-        mr = Table(columns=("model", "quant", "needs MiB", "runtime measured", "smallest phone", "smallest laptop"),
-                   rows=tuple((m.model, m.quant, m.need_mib, "yes" if m.measured else "assumed", m.phone, m.laptop)
-                              for m in v.min_ram))
-        parts += [f"<p id='min-ram'>Minimum RAM at a {int(v.spec['context'])}-token context (phones: "
-                  "5/8 of the RAM less 1.56 GiB for one app; laptops: "
-                  f"{v.spec['ram_fraction']:.0%} of the RAM):</p>", _html_table(mr)]
+        mr = Table(
+            columns=("model", "quant", "needs MiB", "runtime measured", "smallest phone", "smallest laptop"),
+            rows=tuple(
+                (m.model, m.quant, m.need_mib, "yes" if m.measured else "assumed", m.phone, m.laptop) for m in v.min_ram
+            ),
+        )
+        parts += [
+            f"<p id='min-ram'>Minimum RAM at a {int(v.spec['context'])}-token context (phones: "
+            "5/8 of the RAM less 1.56 GiB for one app; laptops: "
+            f"{v.spec['ram_fraction']:.0%} of the RAM):</p>",
+            _html_table(mr),
+        ]
     if v.kv:
         parts += ["<p>KV cache by context (grows linearly; -ctk/-ctv quantize it):</p>", _html_table(v.kv)]
     knees = "; ".join(f"{k.model}: {k.bpw} bpw ({k.from_quant}→{k.to_quant}, KLD ×{k.jump})" for k in v.knees)
-    parts.append(f"<p>Quality axis: {html.escape(v.quality_axis)}. Bits-per-weight knee: {html.escape(knees or NONE)}."
-                 f" Constraints: {html.escape(json.dumps(v.spec))}</p>")
+    parts.append(
+        f"<p>Quality axis: {html.escape(v.quality_axis)}. Bits-per-weight knee: {html.escape(knees or NONE)}."
+        f" Constraints: {html.escape(json.dumps(v.spec))}</p>"
+    )
     return parts
 
 
 def _recommendation_section(views: list[RecommendationView]) -> list[str]:
     """What a person acts on: first."""
-    return ["<section id='recommendation'><h2>Recommendation</h2>", *(x for v in views for x in _recommendation(v)),
-            "</section>"]
+    return [
+        "<section id='recommendation'><h2>Recommendation</h2>",
+        *(x for v in views for x in _recommendation(v)),
+        "</section>",
+    ]
 
 
-RESULT_COLUMNS = ["device", "model", "quant", "bpw", "prefill_tps", "decode_tps", "kld_mean", "ppl_ratio",
-                  "same_top_p", "peak_rss", "decode_j_per_tok"]
-RESULT_FMT = {"bpw": "{:.2f}", "prefill_tps": "{:.1f}", "decode_tps": "{:.1f}", "kld_mean": "{:.4f}",
-              "ppl_ratio": "{:.4f}", "same_top_p": "{:.1%}", "peak_rss": lambda v: f"{v / 1024**2:.0f} MiB",
-              "decode_j_per_tok": "{:.3g}"}
+RESULT_COLUMNS = [
+    "device",
+    "model",
+    "quant",
+    "bpw",
+    "prefill_tps",
+    "decode_tps",
+    "kld_mean",
+    "ppl_ratio",
+    "same_top_p",
+    "peak_rss",
+    "decode_j_per_tok",
+]
+RESULT_FMT = {
+    "bpw": "{:.2f}",
+    "prefill_tps": "{:.1f}",
+    "decode_tps": "{:.1f}",
+    "kld_mean": "{:.4f}",
+    "ppl_ratio": "{:.4f}",
+    "same_top_p": "{:.1%}",
+    "peak_rss": lambda v: f"{v / 1024**2:.0f} MiB",
+    "decode_j_per_tok": "{:.3g}",
+}
 
 
 def _results_section(rows: pd.DataFrame) -> list[str]:

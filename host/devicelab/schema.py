@@ -17,51 +17,133 @@ HIGHER, LOWER = "higher", "lower"
 # every metric, once: name -> (unit, which way is better; None where neither is: a condition or a count)
 METRIC_DEFS: dict[str, tuple[str, str | None]] = {
     # llama-bench
-    "prefill_tps": ("tok/s", HIGHER), "decode_tps": ("tok/s", HIGHER), "pg_tps": ("tok/s", HIGHER),
+    "prefill_tps": ("tok/s", HIGHER),
+    "decode_tps": ("tok/s", HIGHER),
+    "pg_tps": ("tok/s", HIGHER),
     "test_seconds": ("s", LOWER),
     # perplexity / KLD
-    "ppl": ("1", LOWER), "ppl_base": ("1", None), "ppl_ratio": ("1", LOWER), "ln_ppl_ratio": ("1", LOWER),
-    "kld_mean": ("nat", LOWER), "kld_median": ("nat", LOWER), "kld_p99": ("nat", LOWER), "kld_p90": ("nat", LOWER),
-    "kld_max": ("nat", LOWER), "same_top_p": ("1", HIGHER), "rms_dp": ("1", LOWER),
+    "ppl": ("1", LOWER),
+    "ppl_base": ("1", None),
+    "ppl_ratio": ("1", LOWER),
+    "ln_ppl_ratio": ("1", LOWER),
+    "kld_mean": ("nat", LOWER),
+    "kld_median": ("nat", LOWER),
+    "kld_p99": ("nat", LOWER),
+    "kld_p90": ("nat", LOWER),
+    "kld_max": ("nat", LOWER),
+    "same_top_p": ("1", HIGHER),
+    "rms_dp": ("1", LOWER),
     # process
-    "peak_rss": ("B", LOWER), "wall_seconds": ("s", LOWER),
+    "peak_rss": ("B", LOWER),
+    "wall_seconds": ("s", LOWER),
     # thermal / frequency
-    "temp_start": ("degC", None), "temp_end": ("degC", None), "temp_max": ("degC", LOWER),
-    "cpu_freq_mean": ("Hz", None), "cpu_freq_min": ("Hz", None),
+    "temp_start": ("degC", None),
+    "temp_end": ("degC", None),
+    "temp_max": ("degC", LOWER),
+    "cpu_freq_mean": ("Hz", None),
+    "cpu_freq_min": ("Hz", None),
     # power / energy
-    "power_mean": ("W", LOWER), "energy": ("J", LOWER), "energy_per_token": ("J/tok", LOWER),
-    "wh_per_prompt": ("Wh", LOWER), "cooldown_wait": ("s", None), "temp_baseline": ("degC", None),
+    "power_mean": ("W", LOWER),
+    "energy": ("J", LOWER),
+    "energy_per_token": ("J/tok", LOWER),
+    "wh_per_prompt": ("Wh", LOWER),
+    "cooldown_wait": ("s", None),
+    "temp_baseline": ("degC", None),
     # once-per-cell snapshots (dumpsys, ioreg, pmset), phase = snapshot_start / snapshot_end
-    "battery_level": ("1", None), "battery_voltage": ("V", None), "battery_current": ("A", None),
-    "battery_power": ("W", LOWER), "battery_temp": ("degC", None), "charge_counter": ("C", None),
-    "thermal_status": ("1", LOWER), "cpu_speed_limit": ("1", HIGHER), "screen_on": ("1", None),
+    "battery_level": ("1", None),
+    "battery_voltage": ("V", None),
+    "battery_current": ("A", None),
+    "battery_power": ("W", LOWER),
+    "battery_temp": ("degC", None),
+    "charge_counter": ("C", None),
+    "thermal_status": ("1", LOWER),
+    "cpu_speed_limit": ("1", HIGHER),
+    "screen_on": ("1", None),
     # roofline payload (device_payloads/membw.c) and parallel streams (llama-batched-bench)
-    "mem_bandwidth": ("B/s", HIGHER), "peak_flops": ("FLOP/s", HIGHER), "aggregate_tps": ("tok/s", HIGHER),
+    "mem_bandwidth": ("B/s", HIGHER),
+    "peak_flops": ("FLOP/s", HIGHER),
+    "aggregate_tps": ("tok/s", HIGHER),
     "aggregate_decode_tps": ("tok/s", HIGHER),
     # host/device logit check (same file on the device and on the host)
-    "devhost_kld_mean": ("nat", LOWER), "devhost_same_top_p": ("1", HIGHER),
+    "devhost_kld_mean": ("nat", LOWER),
+    "devhost_same_top_p": ("1", HIGHER),
     # task evals; llama-server's own token counters over an lm-eval run (server-generate)
-    "accuracy": ("1", HIGHER), "tokens_prompt": ("tok", None), "tokens_generated": ("tok", None),
+    "accuracy": ("1", HIGHER),
+    "tokens_prompt": ("tok", None),
+    "tokens_generated": ("tok", None),
     "eval_gen_tps": ("tok/s", HIGHER),
     # GPU telemetry (sampler: kgsl, devfreq, Tegra load, GPU rails; nvidia-smi beside the payload)
-    "gpu_power_mean": ("W", LOWER), "gpu_energy": ("J", LOWER), "gpu_mem_peak": ("B", LOWER),
-    "gpu_busy_mean": ("1", None), "gpu_temp_max": ("degC", LOWER), "gpu_freq_mean": ("Hz", None),
+    "gpu_power_mean": ("W", LOWER),
+    "gpu_energy": ("J", LOWER),
+    "gpu_mem_peak": ("B", LOWER),
+    "gpu_busy_mean": ("1", None),
+    "gpu_temp_max": ("degC", LOWER),
+    "gpu_freq_mean": ("Hz", None),
 }
-METRICS: dict[str, str] = {k: unit for k, (unit, _) in METRIC_DEFS.items()}      # name -> unit
-BETTER: dict[str, str | None] = {k: b for k, (_, b) in METRIC_DEFS.items()}     # name -> higher | lower | None
+METRICS: dict[str, str] = {k: unit for k, (unit, _) in METRIC_DEFS.items()}  # name -> unit
+BETTER: dict[str, str | None] = {k: b for k, (_, b) in METRIC_DEFS.items()}  # name -> higher | lower | None
 # phases of a timed prompt/generation test: their rows give the context a cell's memory was measured at
 TOKEN_PHASES = ("prefill", "decode", "pg")
 
 ROW_COLUMNS = [
-    "run_id", "cell_id", "recipe", "device", "target", "model", "quant", "payload", "test",
-    "threads", "n_prompt", "n_gen", "n_depth", "ctx", "phase", "cpu_mask", "cpu_quota", "contention", "n_parallel",
-    "eval_route", "eval_engine", "governor", "backend", "gpu_device", "n_gpu_layers", "flash_attn",
-    "metric", "value", "unit", "stddev", "n", "samples", "missing_reason",
-    "model_sha256", "model_bytes", "bpw", "n_params", "kv_bytes_per_token", "tensor_types", "base_note",
-    "model_source", "imatrix",
-    "build_commit", "build_flags", "build_key", "device_facts", "device_mem_bytes", "lab_host",
-    "ram_budget_bytes", "ram_budget_source", "battery_wh", "battery_source",
-    "temp_start_c", "temp_end_c", "throttled", "energy_calibration", "host_activity", "recorded_at",
+    "run_id",
+    "cell_id",
+    "recipe",
+    "device",
+    "target",
+    "model",
+    "quant",
+    "payload",
+    "test",
+    "threads",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "ctx",
+    "phase",
+    "cpu_mask",
+    "cpu_quota",
+    "contention",
+    "n_parallel",
+    "eval_route",
+    "eval_engine",
+    "governor",
+    "backend",
+    "gpu_device",
+    "n_gpu_layers",
+    "flash_attn",
+    "metric",
+    "value",
+    "unit",
+    "stddev",
+    "n",
+    "samples",
+    "missing_reason",
+    "model_sha256",
+    "model_bytes",
+    "bpw",
+    "n_params",
+    "kv_bytes_per_token",
+    "tensor_types",
+    "base_note",
+    "model_source",
+    "imatrix",
+    "build_commit",
+    "build_flags",
+    "build_key",
+    "device_facts",
+    "device_mem_bytes",
+    "lab_host",
+    "ram_budget_bytes",
+    "ram_budget_source",
+    "battery_wh",
+    "battery_source",
+    "temp_start_c",
+    "temp_end_c",
+    "throttled",
+    "energy_calibration",
+    "host_activity",
+    "recorded_at",
 ]
 
 
@@ -81,10 +163,10 @@ class Row:
     n_depth: int | None = None
     ctx: int | None = None
     n_parallel: int | None = None
-    gpu_device: str | None = None       # the GPU device that did the work, as the tool named it
+    gpu_device: str | None = None  # the GPU device that did the work, as the tool named it
     n_gpu_layers: int | None = None
     flash_attn: str | None = None
-    context: dict[str, Any] = field(default_factory=dict)   # cell-level columns filled by the executor
+    context: dict[str, Any] = field(default_factory=dict)  # cell-level columns filled by the executor
 
     def __post_init__(self):
         if self.metric not in METRICS:
@@ -103,14 +185,21 @@ class Row:
         d.update(self.context)
         base = asdict(self)
         base.pop("context")
-        for k in ("gpu_device", "n_gpu_layers", "flash_attn"):   # the cell's, unless the row knows better
+        for k in ("gpu_device", "n_gpu_layers", "flash_attn"):  # the cell's, unless the row knows better
             if base[k] is None and self.context.get(k) is not None:
                 base.pop(k)
         d.update(base)
         d["unit"] = self.unit
         d["samples"] = json.dumps(self.samples) if self.samples is not None else None
-        for k in ("tensor_types", "build_flags", "device_facts", "energy_calibration", "host_activity", "model_source",
-                  "imatrix"):
+        for k in (
+            "tensor_types",
+            "build_flags",
+            "device_facts",
+            "energy_calibration",
+            "host_activity",
+            "model_source",
+            "imatrix",
+        ):
             if d.get(k) is not None and not isinstance(d[k], str):
                 d[k] = json.dumps(d[k], sort_keys=True)
         d.setdefault("recorded_at", None)

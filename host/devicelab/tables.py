@@ -17,9 +17,26 @@ from .recommend import DeviceRecommendation, recommend
 
 # what a table of rows must have for results, recommend and report to read it
 NEEDED = ("device", "model", "quant", "metric", "value", "phase", "bpw", "model_bytes")
-NUMERIC = ("value", "stddev", "bpw", "model_bytes", "n_params", "kv_bytes_per_token", "device_mem_bytes",
-           "ram_budget_bytes", "battery_wh", "threads", "n_prompt", "n_gen", "n_depth", "ctx", "n", "n_parallel",
-           "contention", "cpu_quota")
+NUMERIC = (
+    "value",
+    "stddev",
+    "bpw",
+    "model_bytes",
+    "n_params",
+    "kv_bytes_per_token",
+    "device_mem_bytes",
+    "ram_budget_bytes",
+    "battery_wh",
+    "threads",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "ctx",
+    "n",
+    "n_parallel",
+    "contention",
+    "cpu_quota",
+)
 
 
 def load(path: Path, recipe: str | None = None) -> pd.DataFrame:
@@ -46,20 +63,23 @@ def load(path: Path, recipe: str | None = None) -> pd.DataFrame:
         raise DevicelabError(f"{p}: not a readable {p.suffix[1:]} table ({msg[:200]})") from e
     missing = [c for c in NEEDED if c not in df.columns]
     if missing:
-        raise DevicelabError(f"{p}: not a devicelab results table (no column {', '.join(missing)}); export one with "
-                             "`devicelab results --export FILE`")
+        raise DevicelabError(
+            f"{p}: not a devicelab results table (no column {', '.join(missing)}); export one with "
+            "`devicelab results --export FILE`"
+        )
     for c in NUMERIC:
         if c in df.columns:
             num = pd.to_numeric(df[c], errors="coerce")
             bad = num.isna() & df[c].notna() & (df[c].astype(str).str.strip() != "")
             if bad.any():
                 i = int(bad.idxmax())
-                raise DevicelabError(f"{p}: column {c} holds {str(df[c].iloc[i])[:40]!r} at row {i + 2}, not a "
-                                     "number; fix or re-export the table")
+                raise DevicelabError(
+                    f"{p}: column {c} holds {str(df[c].iloc[i])[:40]!r} at row {i + 2}, not a "
+                    "number; fix or re-export the table"
+                )
             df[c] = num
     if "throttled" in df.columns:
-        df["throttled"] = df["throttled"].map({"1": True, "0": False, 1: True, 0: False, "True": True,
-                                               "False": False})
+        df["throttled"] = df["throttled"].map({"1": True, "0": False, 1: True, 0: False, "True": True, "False": False})
     return df[df["recipe"] == recipe] if recipe and "recipe" in df.columns else df
 
 
@@ -78,9 +98,15 @@ def wide(rows: pd.DataFrame) -> pd.DataFrame:
         return (g.max() if how == "max" else g.min()).rename(name or metric).reset_index()
 
     out = base
-    for metric, how, name in (("prefill_tps", "max", None), ("decode_tps", "max", None), ("kld_mean", "min", None),
-                              ("ppl_ratio", "min", None), ("same_top_p", "max", None), ("peak_rss", "max", None),
-                              ("temp_max", "max", None)):
+    for metric, how, name in (
+        ("prefill_tps", "max", None),
+        ("decode_tps", "max", None),
+        ("kld_mean", "min", None),
+        ("ppl_ratio", "min", None),
+        ("same_top_p", "max", None),
+        ("peak_rss", "max", None),
+        ("temp_max", "max", None),
+    ):
         out = out.merge(best(metric, how, name), on=keys, how="left")
     e = rows[(rows["metric"] == "energy_per_token") & (rows["phase"] == "decode") & rows["value"].notna()]
     if not e.empty:
@@ -94,7 +120,7 @@ def wide(rows: pd.DataFrame) -> pd.DataFrame:
 # What `devicelab recommend` (and `run`) print and what the report shows, made once: each renderer picks its
 # columns and wraps the texts in its own markup.
 
-NONE = "—"                                   # a missing value's cell
+NONE = "—"  # a missing value's cell
 NO_PICK = "no quant meets the constraints"
 
 
@@ -128,7 +154,7 @@ class Table:
 
 @dataclass(frozen=True, kw_only=True)
 class Pick:
-    label: str                # "m q4_0", "(vulkan)" added where the device ran several backends
+    label: str  # "m q4_0", "(vulkan)" added where the device ran several backends
     bpw: str
     mib: str
     decode: str
@@ -140,8 +166,8 @@ class MinRam:
     model: str
     quant: str
     need_mib: str
-    measured: bool            # the runtime overhead was measured for this file (else the default is assumed)
-    phone: str                # "6 GB", "> 16 GB"
+    measured: bool  # the runtime overhead was measured for this file (else the default is assumed)
+    phone: str  # "6 GB", "> 16 GB"
     laptop: str
 
 
@@ -151,7 +177,7 @@ class Knee:
     bpw: str
     from_quant: str
     to_quant: str
-    jump: str                 # mean KLD ×jump across the step
+    jump: str  # mean KLD ×jump across the step
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -173,19 +199,40 @@ class RecommendationView:
     constraints: str
 
 
-CANDIDATE_FMT = {"bits/w": "{:.2f}", "MiB": "{:.0f}", "decode t/s": "{:.1f}", "mean KLD": "{:.4f}",
-                 "accuracy": "{:.1%}", "RAM need MiB": "{:.0f}", "mWh/prompt": "{:.3g}", "battery/1k prompts": "{:.1%}"}
+CANDIDATE_FMT = {
+    "bits/w": "{:.2f}",
+    "MiB": "{:.0f}",
+    "decode t/s": "{:.1f}",
+    "mean KLD": "{:.4f}",
+    "accuracy": "{:.1%}",
+    "RAM need MiB": "{:.0f}",
+    "mWh/prompt": "{:.3g}",
+    "battery/1k prompts": "{:.1%}",
+}
 
 
 def _candidates(r: DeviceRecommendation) -> Table:
-    return Table.of([{
-        "model": c.model, "quant": c.quant, "backend": c.backend, "bits/w": c.bpw, "MiB": c.model_bytes / 1024**2,
-        "decode t/s": c.decode_tps, "mean KLD": c.kld_mean, "accuracy": c.accuracy,
-        "RAM need MiB": (c.ram_need or 0) / 1024**2,
-        "mWh/prompt": c.wh_per_prompt * 1000 if c.wh_per_prompt is not None else None,
-        "battery/1k prompts": c.battery_per_1000, "frontier": "◆" if c.on_frontier else "",
-        "verdict": ("→ " if c is r.pick else "") + c.verdict,
-    } for c in r.candidates], CANDIDATE_FMT)
+    return Table.of(
+        [
+            {
+                "model": c.model,
+                "quant": c.quant,
+                "backend": c.backend,
+                "bits/w": c.bpw,
+                "MiB": c.model_bytes / 1024**2,
+                "decode t/s": c.decode_tps,
+                "mean KLD": c.kld_mean,
+                "accuracy": c.accuracy,
+                "RAM need MiB": (c.ram_need or 0) / 1024**2,
+                "mWh/prompt": c.wh_per_prompt * 1000 if c.wh_per_prompt is not None else None,
+                "battery/1k prompts": c.battery_per_1000,
+                "frontier": "◆" if c.on_frontier else "",
+                "verdict": ("→ " if c is r.pick else "") + c.verdict,
+            }
+            for c in r.candidates
+        ],
+        CANDIDATE_FMT,
+    )
 
 
 def _listing(r: DeviceRecommendation) -> tuple[str, ...]:
@@ -206,14 +253,15 @@ def reasons(r: DeviceRecommendation) -> tuple[str, ...]:
         return ()
     mib = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
     if c.ram_budget is not None:
-        out.append(f"RAM: {c.model} {c.quant} needs {mib(c.ram_need)} (weights {mib(c.model_bytes)} + KV "
-                   f"{mib(c.kv_bytes or 0)} + runtime {mib(c.ram_need - c.model_bytes - (c.kv_bytes or 0))}"
-                   f"{'' if c.overhead_measured else ', assumed'}) of a budget of {mib(c.ram_budget)} "
-                   f"({c.ram_budget_source})")
+        out.append(
+            f"RAM: {c.model} {c.quant} needs {mib(c.ram_need)} (weights {mib(c.model_bytes)} + KV "
+            f"{mib(c.kv_bytes or 0)} + runtime {mib(c.ram_need - c.model_bytes - (c.kv_bytes or 0))}"
+            f"{'' if c.overhead_measured else ', assumed'}) of a budget of {mib(c.ram_budget)} "
+            f"({c.ram_budget_source})"
+        )
     if c.wh_per_prompt is not None:
         share = f", {c.battery_per_1000:.1%} of the battery per 1,000 prompts" if c.battery_per_1000 else ""
-        out.append(f"energy: {c.wh_per_prompt * 1000:.3g} mWh per prompt ({c.prompt_shape}){share} "
-                   f"[{c.energy_source}]")
+        out.append(f"energy: {c.wh_per_prompt * 1000:.3g} mWh per prompt ({c.prompt_shape}){share} [{c.energy_source}]")
     else:
         out.append("energy: not measurable on this device (no power source)")
     out += [f"backends: {x}" if not x.startswith(" ") else x for x in r.backends]
@@ -229,15 +277,33 @@ def reasons(r: DeviceRecommendation) -> tuple[str, ...]:
 def _per_task(r: DeviceRecommendation) -> Table | None:
     if not r.per_task:
         return None
-    return Table.of([{"task": t, "ship": v["pick"] or "nothing passes", "accuracy": v["accuracy"],
-                      "base accuracy": v["base_accuracy"], "passing": v["passing"]} for t, v in r.per_task.items()],
-                    {"accuracy": "{:.1%}", "base accuracy": "{:.1%}"})
+    return Table.of(
+        [
+            {
+                "task": t,
+                "ship": v["pick"] or "nothing passes",
+                "accuracy": v["accuracy"],
+                "base accuracy": v["base_accuracy"],
+                "passing": v["passing"],
+            }
+            for t, v in r.per_task.items()
+        ],
+        {"accuracy": "{:.1%}", "base accuracy": "{:.1%}"},
+    )
 
 
 def _min_ram(r: DeviceRecommendation) -> tuple[MinRam, ...]:
-    return tuple(MinRam(model=m["model"], quant=m["quant"], need_mib=f"{m['need_bytes'] / 1024**2:.0f}",
-                        measured=m["overhead_measured"], phone=f"{m['phone_gb']} GB" if m["phone_gb"] else "> 16 GB",
-                        laptop=f"{m['laptop_gb']} GB" if m["laptop_gb"] else "> 64 GB") for m in r.min_ram)
+    return tuple(
+        MinRam(
+            model=m["model"],
+            quant=m["quant"],
+            need_mib=f"{m['need_bytes'] / 1024**2:.0f}",
+            measured=m["overhead_measured"],
+            phone=f"{m['phone_gb']} GB" if m["phone_gb"] else "> 16 GB",
+            laptop=f"{m['laptop_gb']} GB" if m["laptop_gb"] else "> 64 GB",
+        )
+        for m in r.min_ram
+    )
 
 
 def _kv(r: DeviceRecommendation, rows: pd.DataFrame) -> Table | None:
@@ -249,33 +315,64 @@ def _kv(r: DeviceRecommendation, rows: pd.DataFrame) -> Table | None:
             continue
         per = float(g.kv_bytes_per_token.iloc[0])
         for ctx_len in sorted({2048, 8192, 32768, int(r.spec["context"])}):
-            kvrows.append({"model": m, "context": ctx_len,
-                           **{f"{t.upper() if t == 'f16' else t} KV MiB": per * ctx_len * kv_scale(t) / 1024**2
-                              for t in ("f16", "q8_0", "q4_0")}})
+            kvrows.append(
+                {
+                    "model": m,
+                    "context": ctx_len,
+                    **{
+                        f"{t.upper() if t == 'f16' else t} KV MiB": per * ctx_len * kv_scale(t) / 1024**2
+                        for t in ("f16", "q8_0", "q4_0")
+                    },
+                }
+            )
     return Table.of(kvrows, {c: "{:.0f}" for c in kvrows[0] if "MiB" in c}) if kvrows else None
 
 
 def constraints_line(spec: RecommendSpec) -> str:
     drop = f", ≤ {spec.max_accuracy_drop:g} points below the base per task" if spec.max_accuracy_drop else ""
-    return (f"constraints: context {spec.context}, mean KLD ≤ {spec.max_kld_mean}, PPL ratio ≤ "
-            f"{spec.max_ppl_ratio}, decode ≥ {spec.min_decode_tps} tok/s, RAM within the device's budget, "
-            f"energy ≤ {spec.max_energy_per_token or NONE} J/tok{drop}; prefer {spec.prefer}")
+    return (
+        f"constraints: context {spec.context}, mean KLD ≤ {spec.max_kld_mean}, PPL ratio ≤ "
+        f"{spec.max_ppl_ratio}, decode ≥ {spec.min_decode_tps} tok/s, RAM within the device's budget, "
+        f"energy ≤ {spec.max_energy_per_token or NONE} J/tok{drop}; prefer {spec.prefer}"
+    )
 
 
 def recommendation_view(r: DeviceRecommendation, rows: pd.DataFrame, spec: RecommendSpec) -> RecommendationView:
     p = r.pick
-    pick = Pick(label=p.label, bpw=f"{p.bpw:.2f}", mib=f"{p.model_bytes / 1024**2:.0f}",
-                decode=text(p.decode_tps, "{:.1f}"), kld=text(p.kld_mean, "{:.4f}")) if p else None
-    knees = tuple(Knee(model=m, bpw=f"{k['bpw']:.2f}", from_quant=k["from"], to_quant=k["to"],
-                       jump=f"{k['jump']:.1f}") for m, k in r.knees.items())
+    pick = (
+        Pick(
+            label=p.label,
+            bpw=f"{p.bpw:.2f}",
+            mib=f"{p.model_bytes / 1024**2:.0f}",
+            decode=text(p.decode_tps, "{:.1f}"),
+            kld=text(p.kld_mean, "{:.4f}"),
+        )
+        if p
+        else None
+    )
+    knees = tuple(
+        Knee(model=m, bpw=f"{k['bpw']:.2f}", from_quant=k["from"], to_quant=k["to"], jump=f"{k['jump']:.1f}")
+        for m, k in r.knees.items()
+    )
     return RecommendationView(
-        device=r.device, pick=pick, candidates=_candidates(r), listing=_listing(r), reasons=reasons(r),
-        per_task=_per_task(r), min_ram=_min_ram(r), kv=_kv(r, rows), knees=knees, quality_axis=r.quality_axis,
-        spec=r.spec, constraints=constraints_line(spec))
+        device=r.device,
+        pick=pick,
+        candidates=_candidates(r),
+        listing=_listing(r),
+        reasons=reasons(r),
+        per_task=_per_task(r),
+        min_ram=_min_ram(r),
+        kv=_kv(r, rows),
+        knees=knees,
+        quality_axis=r.quality_axis,
+        spec=r.spec,
+        constraints=constraints_line(spec),
+    )
 
 
-def recommendation_views(rows: pd.DataFrame, spec: RecommendSpec) -> tuple[list[DeviceRecommendation],
-                                                                          list[RecommendationView]]:
+def recommendation_views(
+    rows: pd.DataFrame, spec: RecommendSpec
+) -> tuple[list[DeviceRecommendation], list[RecommendationView]]:
     """The recommendation per device, and its view rows."""
     recs = recommend(rows, spec)
     return recs, [recommendation_view(r, rows, spec) for r in recs]

@@ -25,9 +25,10 @@ def read_text(path: Path, what: str) -> str:
     try:
         return raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise DevicelabError(f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}); save the {what} "
-                             "as UTF-8") from e
+        line = raw[: e.start].count(b"\n") + 1
+        raise DevicelabError(
+            f"{path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at line {line}); save the {what} as UTF-8"
+        ) from e
 
 
 def load_yaml(path: Path, what: str) -> dict:
@@ -52,7 +53,7 @@ def one_line(path: Path, e: ValidationError) -> DevicelabError:
     loc = ".".join(str(x) for x in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     ctx = err.get("ctx") or {}
-    if err["type"] == "union_tag_invalid":        # an unknown payload kind or transport
+    if err["type"] == "union_tag_invalid":  # an unknown payload kind or transport
         loc = f"{loc}.{ctx.get('discriminator', '').strip(chr(39))}".lstrip(".")
         msg = f"unknown {ctx.get('tag')!r}; available: {ctx.get('expected_tags')}"
     more = f" (and {len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""

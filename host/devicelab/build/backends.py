@@ -45,14 +45,15 @@ def cuda_architectures(env=None) -> str | None:
     exe = shutil.which("nvidia-smi", path=(env or os.environ).get("PATH"))
     if not exe:
         return None
-    r = subprocess.run([exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True,
-                       timeout=30)
+    r = subprocess.run(
+        [exe, "--query-gpu=compute_cap", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+    )
     caps = sorted({c.strip().replace(".", "") for c in r.stdout.split() if c.strip()})
     return ";".join(caps) or None
 
 
 def _cpu_flags(t: Target, flags: dict, env) -> None:
-    flags["GGML_METAL"] = "OFF"                           # a Mac's build without Metal
+    flags["GGML_METAL"] = "OFF"  # a Mac's build without Metal
     flags.pop("GGML_METAL_EMBED_LIBRARY", None)
 
 
@@ -64,15 +65,18 @@ def _vulkan_flags(t: Target, flags: dict, env) -> None:
     if t.os == "darwin":
         raise NoBackend("no Vulkan build for macOS here (MoltenVK is not set up): measure metal")
     if t.where == "host" and not shutil.which("glslc", path=env.get("PATH")):
-        raise NoBackend("the Vulkan build compiles its shaders with glslc, which this host lacks: install it "
-                        "(Debian: apt install glslc)")
+        raise NoBackend(
+            "the Vulkan build compiles its shaders with glslc, which this host lacks: install it "
+            "(Debian: apt install glslc)"
+        )
     flags["GGML_VULKAN"] = "ON"
     inc = env.get("DEVICELAB_VULKAN_INCLUDE_DIR")
     if inc and t.where == "host":
         # newer headers than the distro's; the loader is the distro's (libvulkan1 ships no libvulkan.so)
         flags["Vulkan_INCLUDE_DIR"] = inc
         lib = env.get("DEVICELAB_VULKAN_LIBRARY") or next(
-            (str(p) for p in sorted(Path("/usr/lib").glob("*/libvulkan.so*")) if t.arch in p.parent.name), None)
+            (str(p) for p in sorted(Path("/usr/lib").glob("*/libvulkan.so*")) if t.arch in p.parent.name), None
+        )
         if lib:
             flags["Vulkan_LIBRARY"] = lib
     if t.os == "android" or (t.where == "host" and t.arch != _host_arch()):
@@ -82,8 +86,9 @@ def _vulkan_flags(t: Target, flags: dict, env) -> None:
 
 def _opencl_flags(t: Target, flags: dict, env) -> None:
     if t.os == "darwin":
-        raise NoBackend("ggml's OpenCL backend targets Adreno and Intel GPUs, and macOS deprecated OpenCL: "
-                        "measure metal")
+        raise NoBackend(
+            "ggml's OpenCL backend targets Adreno and Intel GPUs, and macOS deprecated OpenCL: measure metal"
+        )
     flags.update({"GGML_OPENCL": "ON", "GGML_OPENCL_EMBED_KERNELS": "ON"})
     if t.os == "android":
         flags["GGML_OPENCL_USE_ADRENO_KERNELS"] = "ON"
@@ -96,13 +101,18 @@ def _cuda_flags(t: Target, flags: dict, env) -> None:
         raise NoBackend("no CUDA toolkit (nvcc) on this host: install it, or put it on PATH")
     flags["GGML_CUDA"] = "ON"
     arch = cuda_architectures(env)
-    if arch:                # else llama.cpp's own list of architectures (no GPU here to ask)
+    if arch:  # else llama.cpp's own list of architectures (no GPU here to ask)
         flags["CMAKE_CUDA_ARCHITECTURES"] = arch
 
 
 # each backend's CMake flags on a target other than the one it is the default of (NoBackend: it cannot have it)
-_FLAGS = {"cpu": _cpu_flags, "metal": _metal_flags, "vulkan": _vulkan_flags, "opencl": _opencl_flags,
-          "cuda": _cuda_flags}
+_FLAGS = {
+    "cpu": _cpu_flags,
+    "metal": _metal_flags,
+    "vulkan": _vulkan_flags,
+    "opencl": _opencl_flags,
+    "cuda": _cuda_flags,
+}
 
 
 def variant(t: Target, backend: str, env=None) -> Target:
@@ -119,7 +129,7 @@ def variant(t: Target, backend: str, env=None) -> Target:
 
 NO_DEVICE_HINT = {
     "vulkan": "a hidden device may need an environment variable in the lab file's env: (GGML_VK_VISIBLE_DEVICES=0 "
-              "for a CPU-type Vulkan device such as lavapipe)",
+    "for a CPU-type Vulkan device such as lavapipe)",
     "opencl": "ggml's OpenCL backend runs only on Adreno and Intel GPUs",
     "cuda": "CUDA_VISIBLE_DEVICES may hide it",
     "metal": "a Mac without a Metal device",
@@ -129,6 +139,7 @@ NO_DEVICE_HINT = {
 def parse_devices(text: str) -> list[tuple[str, str]]:
     """`llama-bench --list-devices`: [(name, description)], e.g. ("Vulkan0", "llvmpipe (LLVM 15.0.6, 256 bits)")."""
     import re
+
     out = []
     for m in re.finditer(r"^\s+(\w+\d+): (.+?)(?: \(\d+ MiB, \d+ MiB free\))?\s*$", text, re.M):
         out.append((m.group(1), m.group(2)))
@@ -137,6 +148,7 @@ def parse_devices(text: str) -> list[tuple[str, str]]:
 
 def _host_arch() -> str:
     import platform
+
     return platform.machine().lower()
 
 
@@ -144,6 +156,7 @@ def host_toolchain_file() -> Path:
     """A CMake toolchain file for this host's own compilers (what vulkan-shaders-gen is built with when the
     target is another machine)."""
     from .. import paths
+
     p = paths.sub("builds") / "host-toolchain.cmake"
     cc, cxx = shutil.which("cc") or "cc", shutil.which("c++") or "c++"
     text = f'set(CMAKE_C_COMPILER "{cc}")\nset(CMAKE_CXX_COMPILER "{cxx}")\n'

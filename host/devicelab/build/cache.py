@@ -39,8 +39,13 @@ class Build:
 
     def provenance(self) -> dict:
         m = self.manifest
-        return {"build_key": m["key"], "build_commit": m["commit"], "build_target": m["target"],
-                "build_flags": m["flags"], "build_compiler": m["compiler"]}
+        return {
+            "build_key": m["key"],
+            "build_commit": m["commit"],
+            "build_target": m["target"],
+            "build_flags": m["flags"],
+            "build_compiler": m["compiler"],
+        }
 
 
 def compiler_id(t: Target) -> str:
@@ -64,8 +69,14 @@ def cpu_features() -> list[str]:
 
 def build_key(src: Source, t: Target, tools=None) -> tuple[str, dict]:
     tools = tools or t.tools
-    ident = {"commit": src.commit, "dirty": src.dirty, "target": t.name, "flags": t.cmake_flags(),
-             "compiler": compiler_id(t), "tools": sorted(tools)}
+    ident = {
+        "commit": src.commit,
+        "dirty": src.dirty,
+        "target": t.name,
+        "flags": t.cmake_flags(),
+        "compiler": compiler_id(t),
+        "tools": sorted(tools),
+    }
     if t.flags.get("GGML_NATIVE") == "ON" and t.where == "host":
         # -march=native: the binary depends on this CPU's features
         ident["host_cpu_features"] = hashlib.sha256(" ".join(cpu_features()).encode()).hexdigest()[:16]
@@ -87,11 +98,13 @@ def find(src: Source, t: Target, tools=None) -> Build | None:
     return None
 
 
-def ensure(src: Source, t: Target, tools=None, jobs: int | None = None,
-           progress: Callable[[float, str], None] | None = None) -> Build:
+def ensure(
+    src: Source, t: Target, tools=None, jobs: int | None = None, progress: Callable[[float, str], None] | None = None
+) -> Build:
     """Return the cached build, or configure + build it now. Two processes asking for the same build (two
     `devicelab run`s, a test and a run) take turns on a lock file: the second finds the first's build."""
     import fcntl
+
     tools = tools or t.tools
     hit = find(src, t, tools)
     if hit:
@@ -110,19 +123,20 @@ def _build(src: Source, t: Target, tools, jobs, progress) -> Build:
     d = build_dir_for(t, src, key)
     free = shutil.disk_usage(paths.home()).free
     if free < MIN_FREE_BYTES:
-        raise DevicelabError(f"not enough disk for a llama.cpp build: {free / 1e9:.1f} GB free in {paths.home()}, "
-                             f"need {MIN_FREE_BYTES / 1e9:.0f} GB; free space or set DEVICELAB_HOME elsewhere")
+        raise DevicelabError(
+            f"not enough disk for a llama.cpp build: {free / 1e9:.1f} GB free in {paths.home()}, "
+            f"need {MIN_FREE_BYTES / 1e9:.0f} GB; free space or set DEVICELAB_HOME elsewhere"
+        )
     d.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     flags = t.cmake_flags()
     launcher = {}
     if shutil.which("ccache"):
         launcher = {"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"}
-        env.setdefault("CCACHE_BASEDIR", str(paths.home()))   # stable relative paths → hits across build dirs
+        env.setdefault("CCACHE_BASEDIR", str(paths.home()))  # stable relative paths → hits across build dirs
         env.setdefault("CCACHE_DIR", str(paths.home() / "ccache"))
         env.setdefault("CCACHE_NOHASHDIR", "1")
-    configure = ["cmake", "-S", str(src.path), "-B", str(d)] + \
-        [f"-D{k}={v}" for k, v in {**flags, **launcher}.items()]
+    configure = ["cmake", "-S", str(src.path), "-B", str(d)] + [f"-D{k}={v}" for k, v in {**flags, **launcher}.items()]
     jobs = jobs or os.cpu_count() or 2
     compile_ = ["cmake", "--build", str(d), "-j", str(jobs), "--target", *tools]
     log = d / "build.log"
@@ -132,13 +146,22 @@ def _build(src: Source, t: Target, tools, jobs, progress) -> Build:
         _stream(argv, log, env, step, progress)
     missing = [x for x in tools if not (d / "bin" / x).exists()]
     if missing:
-        raise DevicelabError(f"build finished but {', '.join(missing)} missing in {d / 'bin'}; see {log}",
-                             detail=tail(log.read_text(errors="replace")))
+        raise DevicelabError(
+            f"build finished but {', '.join(missing)} missing in {d / 'bin'}; see {log}",
+            detail=tail(log.read_text(errors="replace")),
+        )
     manifest = {
-        "key": key, **ident, "source_path": str(src.path), "source_origin": src.origin,
-        "cmake_configure": configure, "cmake_build": compile_, "ccache": bool(launcher),
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "build_seconds": round(time.time() - t0, 1),
-        "host": platform.node(), "cpu_features": cpu_features() if t.where == "host" and not t.runner else [],
+        "key": key,
+        **ident,
+        "source_path": str(src.path),
+        "source_origin": src.origin,
+        "cmake_configure": configure,
+        "cmake_build": compile_,
+        "ccache": bool(launcher),
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "build_seconds": round(time.time() - t0, 1),
+        "host": platform.node(),
+        "cpu_features": cpu_features() if t.where == "host" and not t.runner else [],
         "runner": list(t.runner),
         "tools": {x: hashlib.sha256((d / "bin" / x).read_bytes()).hexdigest() for x in tools},
     }
@@ -154,8 +177,9 @@ def _stream(argv: list[str], log: Path, env: dict, step: str, progress) -> None:
         fh.write("$ " + " ".join(argv) + "\n")
         fh.flush()
         try:
-            p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                 errors="replace")
+            p = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace"
+            )
         except FileNotFoundError as e:
             raise DevicelabError(f"{argv[0]} not found; install cmake and a C/C++ compiler") from e
         for line in p.stdout:

@@ -23,7 +23,7 @@ def _compiler_for(manifest: dict) -> tuple[str, list[str]]:
         if clang is None:
             raise DevicelabError(f"no aarch64-linux-android{level}-clang in {ndk}")
         return str(clang), ["-O3", f"-march={flags.get('GGML_CPU_ARM_ARCH', 'armv8-a')}"]
-    if cc:   # cross
+    if cc:  # cross
         return cc, ["-O3", f"-march={flags.get('GGML_CPU_ARM_ARCH', 'armv8-a')}", "-static"]
     return "cc", ["-O3", "-march=native"] if flags.get("GGML_NATIVE") == "ON" else ["-O3"]
 
@@ -48,4 +48,3 @@ def ensure_c_payload(name: str, build, what: str = "") -> Path:
     if r.returncode != 0:
         raise DevicelabError(f"building {name} for {manifest['target']} failed: {r.stderr.strip()[:300]}")
     return out
-

@@ -21,8 +21,21 @@ from ..transports.base import Transport
 from .source import Source
 from .targets import Target
 
-EXCLUDE = {".git", "build", "models", "media", "docs", "examples", "tests", "ci", "scripts", "gguf-py",
-           "pocs", "licenses", "requirements"}
+EXCLUDE = {
+    ".git",
+    "build",
+    "models",
+    "media",
+    "docs",
+    "examples",
+    "tests",
+    "ci",
+    "scripts",
+    "gguf-py",
+    "pocs",
+    "licenses",
+    "requirements",
+}
 
 
 @dataclass
@@ -39,8 +52,14 @@ class RemoteBuild:
 
 
 def key_for(src: Source, t: Target, compiler: str) -> str:
-    ident = {"commit": src.commit, "dirty": src.dirty, "target": t.name, "flags": t.cmake_flags(),
-             "compiler": compiler, "tools": sorted(t.tools)}
+    ident = {
+        "commit": src.commit,
+        "dirty": src.dirty,
+        "target": t.name,
+        "flags": t.cmake_flags(),
+        "compiler": compiler,
+        "tools": sorted(t.tools),
+    }
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -70,7 +89,7 @@ def plan(remote_src: str, remote_build: str, t: Target, jobs: int) -> list[list[
 
 
 def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -> RemoteBuild:
-    cc = t.sh('cc --version 2>/dev/null | head -n1').stdout.strip() or "cc"
+    cc = t.sh("cc --version 2>/dev/null | head -n1").stdout.strip() or "cc"
     key = key_for(src, target, cc)
     root = posixpath.join(t.workdir(), "builds", f"{target.name}-{src.short}-{key}")
     man_path = posixpath.join(root, "devicelab-build.json")
@@ -78,8 +97,10 @@ def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -
     if man:
         return RemoteBuild(root, json.loads(man))
     if t.run(["cmake", "--version"]).rc != 0:
-        raise DevicelabError(f"{t.name} has no cmake: install it there (macOS: xcode-select --install; brew install "
-                             "cmake) or build on the host (cross_build: true)")
+        raise DevicelabError(
+            f"{t.name} has no cmake: install it there (macOS: xcode-select --install; brew install "
+            "cmake) or build on the host (cross_build: true)"
+        )
     tarball = source_tarball(src)
     remote_src = posixpath.join(t.workdir(), "src", src.commit[:12])
     cached = push.ensure(t, tarball, sha256_file(tarball), "src.tar.gz")

@@ -18,9 +18,9 @@ DEFAULT_SOURCE = "pypi:llama-cpp-python==0.3.36"
 
 @dataclass(frozen=True)
 class Source:
-    path: Path          # the llama.cpp tree (has CMakeLists.txt and ggml/)
-    commit: str         # full hash
-    origin: str         # what the user asked for
+    path: Path  # the llama.cpp tree (has CMakeLists.txt and ggml/)
+    commit: str  # full hash
+    origin: str  # what the user asked for
     dirty: bool = False
 
     @property
@@ -44,8 +44,12 @@ def _git_commit(tree: Path) -> tuple[str, bool] | None:
         head = None
     if head is not None and head.returncode == 0 and len(head.stdout.strip()) >= 7:
         # a shallow sdist tree reports 'dirty' from stat noise; only a checkout's content changes count
-        diff = subprocess.run(["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
-                              capture_output=True, text=True, timeout=60)
+        diff = subprocess.run(
+            ["git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         return head.stdout.strip(), bool(diff.stdout.strip())
     # a `.git` file pointing at a gitdir we can read without git
     gitfile = tree / ".git"

@@ -14,8 +14,17 @@ from pathlib import Path
 from ..errors import DevicelabError
 
 # the tools the lab runs; llama-completion is the non-interactive generator (llama-cli became a chat UI)
-TOOLS = ("llama-bench", "llama-perplexity", "llama-quantize", "llama-server", "llama-completion", "llama-batched-bench",
-         "llama-imatrix", "llama-export-lora", "llama-gguf-split")
+TOOLS = (
+    "llama-bench",
+    "llama-perplexity",
+    "llama-quantize",
+    "llama-server",
+    "llama-completion",
+    "llama-batched-bench",
+    "llama-imatrix",
+    "llama-export-lora",
+    "llama-gguf-split",
+)
 
 # what a device needs (quantizing and KLD base logits happen on the host): every tool a payload kind runs
 # there, so one build per target serves every recipe
@@ -36,14 +45,14 @@ COMMON_FLAGS = {
 
 @dataclass(frozen=True)
 class Target:
-    name: str                      # e.g. "x86_64-linux-native"
-    os: str                        # linux | android | darwin
-    arch: str                      # x86_64 | aarch64 | arm64
-    where: str                     # "host" (built here) | "device" (built on the device over its transport)
+    name: str  # e.g. "x86_64-linux-native"
+    os: str  # linux | android | darwin
+    arch: str  # x86_64 | aarch64 | arm64
+    where: str  # "host" (built here) | "device" (built on the device over its transport)
     flags: dict = field(default_factory=dict)
-    toolchain: str = "system"      # human description recorded in the manifest
+    toolchain: str = "system"  # human description recorded in the manifest
     tools: tuple = TOOLS
-    runner: tuple = ()             # how to run its binaries here (e.g. qemu-aarch64-static), for tests
+    runner: tuple = ()  # how to run its binaries here (e.g. qemu-aarch64-static), for tests
 
     def cmake_flags(self) -> dict:
         out = dict(COMMON_FLAGS)
@@ -57,8 +66,14 @@ def local_native() -> Target:
     flags = {"GGML_NATIVE": "ON"}
     if system == "darwin":
         flags["GGML_METAL"] = "ON"
-    return Target(name=f"{arch}-{system}-native", os=system, arch=arch, where="host", flags=flags,
-                  toolchain=os.environ.get("CC", "cc"))
+    return Target(
+        name=f"{arch}-{system}-native",
+        os=system,
+        arch=arch,
+        where="host",
+        flags=flags,
+        toolchain=os.environ.get("CC", "cc"),
+    )
 
 
 def arm_arch_flag(cpu_features: set[str]) -> str:
@@ -90,9 +105,16 @@ def aarch64_cross_static(cpu_features: set[str] | None = None) -> Target:
         "LLAMA_SUBPROCESS": "OFF",
         "GGML_CPU_ARM_ARCH": arm_arch_flag(cpu_features or set()),
     }
-    return Target(name=f"aarch64-linux-static-{flags['GGML_CPU_ARM_ARCH'].replace('+', '_')}", os="linux",
-                  arch="aarch64", where="host", flags=flags, toolchain="aarch64-linux-gnu-gcc", tools=DEVICE_TOOLS,
-                  runner=("qemu-aarch64-static",))
+    return Target(
+        name=f"aarch64-linux-static-{flags['GGML_CPU_ARM_ARCH'].replace('+', '_')}",
+        os="linux",
+        arch="aarch64",
+        where="host",
+        flags=flags,
+        toolchain="aarch64-linux-gnu-gcc",
+        tools=DEVICE_TOOLS,
+        runner=("qemu-aarch64-static",),
+    )
 
 
 def android_ndk(ndk: Path, cpu_features: set[str] | None = None, platform_level: int = 28) -> Target:
@@ -106,8 +128,15 @@ def android_ndk(ndk: Path, cpu_features: set[str] | None = None, platform_level:
         "GGML_LLAMAFILE": "OFF",
         "GGML_CPU_ARM_ARCH": arm_arch_flag(cpu_features or set()),
     }
-    return Target(name="arm64-v8a-android", os="android", arch="aarch64", where="host", flags=flags,
-                  toolchain=f"ndk:{ndk}", tools=DEVICE_TOOLS)
+    return Target(
+        name="arm64-v8a-android",
+        os="android",
+        arch="aarch64",
+        where="host",
+        flags=flags,
+        toolchain=f"ndk:{ndk}",
+        tools=DEVICE_TOOLS,
+    )
 
 
 def find_ndk() -> Path | None:
@@ -120,15 +149,28 @@ def find_ndk() -> Path | None:
 
 def macos_metal() -> Target:
     """Native build on a Mac over SSH, Metal backend with the shaders embedded in the binary."""
-    return Target(name="arm64-darwin-metal", os="darwin", arch="arm64", where="device",
-                  flags={"GGML_NATIVE": "ON", "GGML_METAL": "ON", "GGML_METAL_EMBED_LIBRARY": "ON"},
-                  toolchain="xcode clang (on the Mac)", tools=DEVICE_TOOLS)
+    return Target(
+        name="arm64-darwin-metal",
+        os="darwin",
+        arch="arm64",
+        where="device",
+        flags={"GGML_NATIVE": "ON", "GGML_METAL": "ON", "GGML_METAL_EMBED_LIBRARY": "ON"},
+        toolchain="xcode clang (on the Mac)",
+        tools=DEVICE_TOOLS,
+    )
 
 
 def native_on_device(arch: str, system: str = "linux") -> Target:
     """Built on the board itself over SSH (cross_build: false): -march=native of the board's own CPU."""
-    return Target(name=f"{arch}-{system}-native-device", os=system, arch=arch, where="device",
-                  flags={"GGML_NATIVE": "ON"}, toolchain="the device's cc", tools=DEVICE_TOOLS)
+    return Target(
+        name=f"{arch}-{system}-native-device",
+        os=system,
+        arch=arch,
+        where="device",
+        flags={"GGML_NATIVE": "ON"},
+        toolchain="the device's cc",
+        tools=DEVICE_TOOLS,
+    )
 
 
 def by_name(name: str, cpu_features: set[str] | None = None) -> Target:
@@ -156,5 +198,6 @@ def check_toolchain(t: Target) -> None:
     for exe in need:
         if shutil.which(exe) is None:
             pkg = {"cmake": "cmake", "aarch64-linux-gnu-gcc": "gcc-aarch64-linux-gnu g++-aarch64-linux-gnu"}.get(
-                exe, "build-essential")
+                exe, "build-essential"
+            )
             raise DevicelabError(f"{exe} not found on PATH; install it (Debian: apt-get install {pkg})")

@@ -12,7 +12,7 @@ the one ledger and does the host-side work once; files reach a node by content h
 """
 
 RESOURCE_PREFIX = "device:"
-NODE_CACHE_ENV = "DEVICELAB_NODE_CACHE"      # a node's cache of files fetched from the head
+NODE_CACHE_ENV = "DEVICELAB_NODE_CACHE"  # a node's cache of files fetched from the head
 KV_NAMESPACE = b"devicelab"
 IDENTITY_KEY = b"identity"
 

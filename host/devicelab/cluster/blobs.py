@@ -47,8 +47,10 @@ def fetch(sha: str, name: str, size: int, read: Callable[[int, int], bytes], mod
                 off += len(b)
         if h.hexdigest() != sha:
             part.unlink(missing_ok=True)
-            raise RetryableError(f"{name} from the head arrived with sha256 {h.hexdigest()[:12]}, expected {sha[:12]} "
-                                 f"({off} of {size} bytes): run again")
+            raise RetryableError(
+                f"{name} from the head arrived with sha256 {h.hexdigest()[:12]}, expected {sha[:12]} "
+                f"({off} of {size} bytes): run again"
+            )
         if mode is not None:
             os.chmod(part, mode)
         part.rename(out)

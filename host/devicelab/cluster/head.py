@@ -38,15 +38,18 @@ from . import KV_NAMESPACE, blobs, lease_key
 def relay(proto: type) -> type:
     """A class implementing every call `proto` declares by `self._forward(name, args, kwargs)`: a relay of it
     to another process, that carries nothing the Protocol does not name."""
+
     def method(name):
         sig = inspect.signature(getattr(proto, name))
 
         @functools.wraps(getattr(proto, name))
         def call(self, *a, **kw):
-            bound = sig.bind(self, *a, **kw)          # by position, defaults filled: what the far side takes
+            bound = sig.bind(self, *a, **kw)  # by position, defaults filled: what the far side takes
             bound.apply_defaults()
             return self._forward(name, bound.args[1:], {})
+
         return call
+
     return type(f"_{proto.__name__}Relay", (), {n: method(n) for n in sorted(protocol_calls(proto))})
 
 
@@ -70,8 +73,8 @@ class Head:
         self.ledger = Ledger(Path(ledger_path))
         self.host = HostWork(**host_kwargs, events=self.ev)
         self.telemetry, self.run_id = telemetry, run_id
-        self._files: dict[str, tuple] = {}      # paths handed out -> (sha256, size, mtime): the only files read()
-                                                # serves, each hashed once while unchanged
+        self._files: dict[str, tuple] = {}  # paths handed out -> (sha256, size, mtime): the only files read()
+        # serves, each hashed once while unchanged
         self._guard = threading.Lock()
         self.stop = threading.Event()
         self.lanes: dict[str, Lane] = {}
@@ -146,8 +149,7 @@ class Head:
 
     # ---- the head's own devices: lanes as threads here ----
     def run_lane(self, device: dict, cells: list) -> dict:
-        lane = Lane(device_from(device), cells, self.run_id, self.ledger, self.host, self.ev, self.telemetry,
-                    self.stop)
+        lane = Lane(device_from(device), cells, self.run_id, self.ledger, self.host, self.ev, self.telemetry, self.stop)
         self.lanes[lane.device.name] = lane
         lane.run()
         return {"ran": lane.ran, "failed": lane.failed}
@@ -198,6 +200,7 @@ class RemoteLedger(relay(LaneLedger)):
 @dataclasses.dataclass(frozen=True)
 class RemoteBuild(Build):
     """A build made on the head: its tools come into this node's cache by content hash when first used."""
+
     files: dict = dataclasses.field(default_factory=dict)
     fetch: object = None
 
@@ -221,12 +224,14 @@ class RemoteHostWork:
 
     def _fetch(self, desc, mode: int | None = None) -> Path:
         path, sha, size = desc
-        return blobs.fetch(sha, Path(path).name, size, lambda off, n: ray.get(self.head.read.remote(path, off, n)),
-                           mode)
+        return blobs.fetch(
+            sha, Path(path).name, size, lambda off, n: ray.get(self.head.read.remote(path, off, n)), mode
+        )
 
     @property
     def src(self):
         from ..build import source as sourcemod
+
         with self._lock:
             if self._src is None:
                 try:
@@ -234,8 +239,10 @@ class RemoteHostWork:
                 except DevicelabError:
                     src = sourcemod.resolve(None)
                 if src.commit != self.info["commit"]:
-                    raise DevicelabError(f"this lab host's llama.cpp source is {src.commit[:12]}, the run's "
-                                         f"{self.info['commit'][:12]}: give it the same source")
+                    raise DevicelabError(
+                        f"this lab host's llama.cpp source is {src.commit[:12]}, the run's "
+                        f"{self.info['commit'][:12]}: give it the same source"
+                    )
                 self._src = src
             return self._src
 
@@ -268,11 +275,13 @@ class RemoteHostWork:
 def _put_lease(device: str, lease: dict | None) -> None:
     """Who holds the device now, for a second run that waits on it (None: nobody)."""
     from ray.experimental import internal_kv
+
     if lease is None:
         internal_kv._internal_kv_del(lease_key(device), namespace=KV_NAMESPACE)
     else:
-        internal_kv._internal_kv_put(lease_key(device), json.dumps(lease).encode(), overwrite=True,
-                                     namespace=KV_NAMESPACE)
+        internal_kv._internal_kv_put(
+            lease_key(device), json.dumps(lease).encode(), overwrite=True, namespace=KV_NAMESPACE
+        )
 
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4)
@@ -293,8 +302,16 @@ class LaneActor:
         _put_lease(d.name, lease)
         staging = blobs.root() / "staging" / run_id / d.name
         try:
-            self.lane = Lane(d, cells, run_id, RemoteLedger(self.head, staging), RemoteHostWork(self.head, info),
-                             RelayEvents(self.queue), telemetry, self.stop)
+            self.lane = Lane(
+                d,
+                cells,
+                run_id,
+                RemoteLedger(self.head, staging),
+                RemoteHostWork(self.head, info),
+                RelayEvents(self.queue),
+                telemetry,
+                self.stop,
+            )
             self.lane.run()
             return {"ran": self.lane.ran, "failed": self.lane.failed}
         finally:

@@ -38,6 +38,7 @@ def code_digest() -> str:
 
 def identity(source_spec: str | None = None) -> dict:
     from ..build import source as sourcemod
+
     src = sourcemod.resolve(source_spec)
     return {"code": code_digest(), "llama_cpp": src.commit, "source": src.origin}
 
@@ -45,11 +46,15 @@ def identity(source_spec: str | None = None) -> dict:
 def mismatch(mine: dict, head: dict, who: str = "this host's") -> str | None:
     """Why this host cannot join (or this run cannot run) against that head, in one line; None when they match."""
     if mine["code"] != head.get("code"):
-        return (f"{who} devicelab (code {mine['code']}) differs from the head's ({head.get('code')}): install "
-                "the same devicelab commit on every lab host")
+        return (
+            f"{who} devicelab (code {mine['code']}) differs from the head's ({head.get('code')}): install "
+            "the same devicelab commit on every lab host"
+        )
     if mine["llama_cpp"] != head.get("llama_cpp"):
-        return (f"{who} llama.cpp source is {mine['llama_cpp'][:12]}, the head's "
-                f"{str(head.get('llama_cpp'))[:12]} ({head.get('source')}): give both the same --source")
+        return (
+            f"{who} llama.cpp source is {mine['llama_cpp'][:12]}, the head's "
+            f"{str(head.get('llama_cpp'))[:12]} ({head.get('source')}): give both the same --source"
+        )
     return None
 
 
@@ -66,18 +71,20 @@ def use_auth_token(make: bool = False) -> None:
     a node's port could run code on the lab's hosts and phones."""
     need_ray()
     from ray._private.authentication import authentication_token_setup as ats
-    if os.environ.get(ats.AUTH_MODE_ENV_VAR) is not None:       # the user's choice
+
+    if os.environ.get(ats.AUTH_MODE_ENV_VAR) is not None:  # the user's choice
         return
     have = ats.AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
     if make and not have:
         ats.generate_and_save_token()
         have = True
     if have:
-        ats._enable_token_auth()             # for this process and the Ray processes it starts
+        ats._enable_token_auth()  # for this process and the Ray processes it starts
 
 
 def gcs(address: str):
     import ray._raylet
+
     use_auth_token()
     return ray._raylet.GcsClient(address=address)
 
@@ -88,19 +95,27 @@ def head_identity(address: str, timeout: float = 10) -> dict:
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except (OSError, ValueError) as e:
-        raise DevicelabError(f"no Ray head answers at {address} ({e.strerror or e}): start it with `devicelab head` on "
-                             "the head host, or check the address") from None
+        raise DevicelabError(
+            f"no Ray head answers at {address} ({e.strerror or e}): start it with `devicelab head` on "
+            "the head host, or check the address"
+        ) from None
     try:
         raw = gcs(address).internal_kv_get(IDENTITY_KEY, KV_NAMESPACE, timeout=timeout)
     except Exception as e:  # noqa: BLE001 - any failure to reach the GCS is "no head there"
         if "auth" in str(e).lower():
-            raise DevicelabError(f"the Ray head at {address} refused this host's authentication token: copy the head's "
-                                 "~/.ray/auth_token to this host (or set RAY_AUTH_TOKEN to it)") from None
-        raise DevicelabError(f"no Ray head answers at {address} ({type(e).__name__}): start it with `devicelab head` "
-                             "on the head host, or check the address") from None
+            raise DevicelabError(
+                f"the Ray head at {address} refused this host's authentication token: copy the head's "
+                "~/.ray/auth_token to this host (or set RAY_AUTH_TOKEN to it)"
+            ) from None
+        raise DevicelabError(
+            f"no Ray head answers at {address} ({type(e).__name__}): start it with `devicelab head` "
+            "on the head host, or check the address"
+        ) from None
     if not raw:
-        raise DevicelabError(f"the Ray cluster at {address} has no devicelab head (its identity is not recorded): "
-                             "start the head with `devicelab head`")
+        raise DevicelabError(
+            f"the Ray cluster at {address} has no devicelab head (its identity is not recorded): "
+            "start the head with `devicelab head`"
+        )
     return json.loads(raw)
 
 
@@ -108,12 +123,12 @@ def advertised(address: str) -> dict[str, str]:
     """device -> the lab host (node) advertising it, among the cluster's live nodes."""
     out = {}
     for info in gcs(address).get_all_node_info(timeout=10).values():
-        if info.state != 0:          # ALIVE
+        if info.state != 0:  # ALIVE
             continue
         host = dict(info.labels).get("devicelab.host", info.node_manager_address)
         for r in dict(info.resources_total):
             if r.startswith("device:"):
-                out[r[len("device:"):]] = host
+                out[r[len("device:") :]] = host
     return out
 
 
@@ -128,8 +143,11 @@ def check_devices(devices, host: str) -> None:
                 raise DevicelabError(f"`true` exited {r.rc}")
         except Exception as e:  # noqa: BLE001 - one line per device, whatever the transport said
             from ..runner.lane import one_line
-            raise DevicelabError(f"device {d.name} is not reachable from lab host {host}: {one_line(e)}; plug it in "
-                                 "here or fix its lab_host in the lab file") from None
+
+            raise DevicelabError(
+                f"device {d.name} is not reachable from lab host {host}: {one_line(e)}; plug it in "
+                "here or fix its lab_host in the lab file"
+            ) from None
         finally:
             try:
                 t.close()
@@ -162,35 +180,59 @@ def _common(devices, host: str, node_ip: str | None, ray_args: tuple[str, ...]) 
     return argv + ([f"--node-ip-address={node_ip}"] if node_ip else []) + list(ray_args)
 
 
-def run_head(lab: labmod.Lab, host: str, port: int, node_ip: str | None, source_spec: str | None,
-             ray_args: tuple[str, ...] = (), say=print) -> int:
+def run_head(
+    lab: labmod.Lab,
+    host: str,
+    port: int,
+    node_ip: str | None,
+    source_spec: str | None,
+    ray_args: tuple[str, ...] = (),
+    say=print,
+) -> int:
     """Start the head node in the foreground, advertising the lab file's devices that have no lab_host."""
     use_auth_token(make=True)
     mine = identity(source_spec)
     devices = lab.hosted_by(None)
     check_devices(devices, host)
-    argv = [_ray_cli(), "start", "--head", f"--port={port}", "--include-dashboard=false",
-            *_common(devices, host, node_ip, ray_args)]
+    argv = [
+        _ray_cli(),
+        "start",
+        "--head",
+        f"--port={port}",
+        "--include-dashboard=false",
+        *_common(devices, host, node_ip, ray_args),
+    ]
     p = _start(argv, _node_env(host, None))
     address = f"{node_ip or '127.0.0.1'}:{port}"
     deadline = time.time() + 120
     while True:
         try:
-            gcs(address).internal_kv_put(IDENTITY_KEY, json.dumps({**mine, "head": host}).encode(), True,
-                                         KV_NAMESPACE, timeout=5)
+            gcs(address).internal_kv_put(
+                IDENTITY_KEY, json.dumps({**mine, "head": host}).encode(), True, KV_NAMESPACE, timeout=5
+            )
             break
         except Exception:  # noqa: BLE001 - not up yet
             if p.poll() is not None or time.time() > deadline:
                 p.kill()
                 raise DevicelabError(f"the Ray head did not start at {address} (ray start exited {p.poll()})") from None
             time.sleep(0.5)
-    say(f"devicelab head {host} at {address}: devices {', '.join(d.name for d in devices) or 'none'}; on each "
-        f"other lab host: devicelab worker --address {address} --lab LAB --host NAME")
+    say(
+        f"devicelab head {host} at {address}: devices {', '.join(d.name for d in devices) or 'none'}; on each "
+        f"other lab host: devicelab worker --address {address} --lab LAB --host NAME"
+    )
     return _wait(p)
 
 
-def run_worker(lab: labmod.Lab, address: str, host: str, node_ip: str | None, source_spec: str | None,
-               cache: Path | None = None, ray_args: tuple[str, ...] = (), say=print) -> int:
+def run_worker(
+    lab: labmod.Lab,
+    address: str,
+    host: str,
+    node_ip: str | None,
+    source_spec: str | None,
+    cache: Path | None = None,
+    ray_args: tuple[str, ...] = (),
+    say=print,
+) -> int:
     """Join this host to the head at `address` in the foreground, advertising its devices; refused in one line
     when its devicelab or llama.cpp differs from the head's, or a device of it is missing or taken."""
     head = head_identity(address)
@@ -199,22 +241,27 @@ def run_worker(lab: labmod.Lab, address: str, host: str, node_ip: str | None, so
         raise DevicelabError(f"lab host {host} refused: {why}")
     devices = lab.hosted_by(host)
     if not devices:
-        raise DevicelabError(f"the lab file places no device on lab host {host}: give its devices `lab_host: {host}`"
-                             " (or start this worker with the --host its devices name)")
+        raise DevicelabError(
+            f"the lab file places no device on lab host {host}: give its devices `lab_host: {host}`"
+            " (or start this worker with the --host its devices name)"
+        )
     taken = {d: h for d, h in advertised(address).items() if d in {x.name for x in devices}}
     if taken:
         d, h = next(iter(taken.items()))
         raise DevicelabError(f"device {d} is already advertised by lab host {h}: stop that worker first")
     check_devices(devices, host)
-    p = _start([_ray_cli(), "start", f"--address={address}", *_common(devices, host, node_ip, ray_args)],
-               _node_env(host, cache))
+    p = _start(
+        [_ray_cli(), "start", f"--address={address}", *_common(devices, host, node_ip, ray_args)],
+        _node_env(host, cache),
+    )
     names = {d.name for d in devices}
     deadline = time.time() + 120
     while not names <= {d for d, h in advertised(address).items() if h == host}:
         if p.poll() is not None or time.time() > deadline:
             p.kill()
-            raise DevicelabError(f"lab host {host} did not join {address}: `ray start` exited {p.wait()} (its output "
-                                 "is above)")
+            raise DevicelabError(
+                f"lab host {host} did not join {address}: `ray start` exited {p.wait()} (its output is above)"
+            )
         time.sleep(0.5)
     say(f"lab host {host} joined {address}: devices {', '.join(sorted(names))}")
     return _wait(p)

@@ -18,15 +18,15 @@ from ..runner.placement import RunSetup
 from . import KV_NAMESPACE, lease_key, resource
 from .node import code_digest, head_identity, mismatch, use_auth_token
 
-WAIT_NOTE_S = float(os.environ.get("DEVICELAB_CLUSTER_WAIT_NOTE_S", "5"))   # not placed by then: say who holds it
+WAIT_NOTE_S = float(os.environ.get("DEVICELAB_CLUSTER_WAIT_NOTE_S", "5"))  # not placed by then: say who holds it
 
 
 class _LaneState:
     def __init__(self, device, cells, where):
-        self.device, self.cells, self.where = device, cells, where       # where: (node id, lab host) or None
-        self.holder = None            # LaneActor or Lease
-        self.ready = None             # its ready() ref, until it answered
-        self.run = None               # its run ref
+        self.device, self.cells, self.where = device, cells, where  # where: (node id, lab host) or None
+        self.holder = None  # LaneActor or Lease
+        self.ready = None  # its ready() ref, until it answered
+        self.run = None  # its run ref
         self.asked = time.time()
         self.noted = False
         self.done = False
@@ -42,8 +42,9 @@ class ClusterPlacement:
     def open(self, setup: RunSetup) -> None:
         """Connect to the cluster and check that its head runs this devicelab and llama.cpp."""
         address = self.address
-        head = head_identity(address)          # says so in one line when Ray is not installed
+        head = head_identity(address)  # says so in one line when Ray is not installed
         import ray
+
         self.su, self.ray = setup, ray
         why = mismatch({"code": code_digest(), "llama_cpp": setup.host.src.commit}, head, who="this run's")
         if why:
@@ -52,8 +53,10 @@ class ClusterPlacement:
         try:
             ray.init(address=address, namespace="devicelab", logging_level=logging.ERROR, log_to_driver=False)
         except (ConnectionError, RuntimeError, ValueError) as e:
-            raise DevicelabError(f"cannot join the Ray cluster at {address} from here ({str(e).splitlines()[0]}): run "
-                                 "`devicelab run --cluster` on the head host") from None
+            raise DevicelabError(
+                f"cannot join the Ray cluster at {address} from here ({str(e).splitlines()[0]}): run "
+                "`devicelab run --cluster` on the head host"
+            ) from None
         self.me = ray.get_runtime_context().get_node_id()
         self.where: dict[str, tuple[str, str]] = {}
         for n in ray.nodes():
@@ -62,31 +65,36 @@ class ClusterPlacement:
             host = (n.get("Labels") or {}).get("devicelab.host") or n.get("NodeManagerAddress")
             for r in n.get("Resources", {}):
                 if r.startswith("device:"):
-                    self.where[r[len("device:"):]] = (n["NodeID"], host)
+                    self.where[r[len("device:") :]] = (n["NodeID"], host)
 
     def _lease_holder(self, device: str) -> str | None:
         from ray.experimental import internal_kv
+
         raw = internal_kv._internal_kv_get(lease_key(device), namespace=KV_NAMESPACE)
         if not raw:
             return None
         h = json.loads(raw)
-        return (f"run {h.get('run')} of recipe {h.get('recipe')} from {h.get('head')}, since "
-                f"{time.strftime('%H:%M:%S', time.localtime(h.get('since', 0)))}")
+        return (
+            f"run {h.get('run')} of recipe {h.get('recipe')} from {h.get('head')}, since "
+            f"{time.strftime('%H:%M:%S', time.localtime(h.get('since', 0)))}"
+        )
 
     def run(self, lanes, run_id: str, rep) -> None:
         from ray.util.queue import Queue
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         from .head import Head
+
         ray, su = self.ray, self.su
         here = NodeAffinitySchedulingStrategy(self.me, soft=False)
         self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-        self.head = Head.options(scheduling_strategy=here).remote(str(su.ledger_path), su.host_kwargs, self.queue,
-                                                                  su.telemetry, run_id)
+        self.head = Head.options(scheduling_strategy=here).remote(
+            str(su.ledger_path), su.host_kwargs, self.queue, su.telemetry, run_id
+        )
         info = ray.get(self.head.info.remote())
         lease = {"run": run_id, "recipe": su.recipe_name, "head": this_host(), "since": time.time()}
         states = [_LaneState(d, cells, self.where.get(d.name)) for d, cells in lanes]
-        self.outcome: dict[str, bool] = {}            # cell id -> ok, from the lanes' own events
+        self.outcome: dict[str, bool] = {}  # cell id -> ok, from the lanes' own events
         for st in states:
             self._place(st, run_id, info, lease)
         try:
@@ -113,13 +121,16 @@ class ClusterPlacement:
         """Ask for the device's resource: a lane actor on its lab host, or a lease for a head device (whose lane
         runs in the Head actor once the lease is granted)."""
         from .head import LaneActor, Lease
+
         name, su = st.device.name, self.su
         if st.where is None:
             h = st.device.lab_host
-            self._fail_rest(st, f"{name}: no lab host in the cluster at {self.address} advertises it; run `devicelab "
-                            + (f"worker --address {self.address} --host {h}` on {h}" if h
-                               else "head` with this lab file")
-                            + " (the lab file's lab_host says where it is plugged in)")
+            self._fail_rest(
+                st,
+                f"{name}: no lab host in the cluster at {self.address} advertises it; run `devicelab "
+                + (f"worker --address {self.address} --host {h}` on {h}" if h else "head` with this lab file")
+                + " (the lab file's lab_host says where it is plugged in)",
+            )
             return
         opts = {"resources": {resource(name): 1}}
         if st.where[0] == self.me:
@@ -186,16 +197,19 @@ class ClusterPlacement:
             try:
                 self.ray.get(got[0])
             except Exception as e:  # noqa: BLE001 - the host went away before the lane started
-                self._fail_rest(st, f"{name}: lab host {host} went away before its lane started "
-                                    f"({type(e).__name__}); run again once it is back")
+                self._fail_rest(
+                    st,
+                    f"{name}: lab host {host} went away before its lane started "
+                    f"({type(e).__name__}); run again once it is back",
+                )
                 self._release(st)
                 return
             ev.lane(name, f"on lab host {host}")
-            if st.run is None:               # a head device: its lane runs in the Head actor
+            if st.run is None:  # a head device: its lane runs in the Head actor
                 st.run = self.head.run_lane.remote(st.device.model_dump(), st.cells)
         elif not st.noted and time.time() - st.asked > WAIT_NOTE_S:
             holder = self._lease_holder(name)
-            if holder is None:            # still starting its lane there: look again later
+            if holder is None:  # still starting its lane there: look again later
                 st.asked = time.time()
             else:
                 st.noted = True
@@ -211,8 +225,11 @@ class ClusterPlacement:
             self.ray.get(got[0])
             st.done = True
         except Exception as e:  # noqa: BLE001 - its node died, or the actor did
-            self._fail_rest(st, f"{st.device.name}: lab host {st.where[1]} went away during the run "
-                                f"({type(e).__name__}); run again once it is back")
+            self._fail_rest(
+                st,
+                f"{st.device.name}: lab host {st.where[1]} went away during the run "
+                f"({type(e).__name__}); run again once it is back",
+            )
         self._release(st)
 
     def _release(self, st: _LaneState) -> None:

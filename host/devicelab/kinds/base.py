@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 from ..errors import DevicelabError
 from ..schema import Row
 
-if TYPE_CHECKING:                                   # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
     from ..telemetry.normalize import Phase
@@ -29,6 +29,7 @@ DEVICE, SERVED, HOST = "device", "served", "host"
 
 class Spec(BaseModel):
     """Base of every kind's recipe spec: unknown keys are refused."""
+
     model_config = ConfigDict(extra="forbid")
 
 
@@ -44,18 +45,20 @@ class SkipCell(Exception):
 class RunOutput:
     """One payload run's pulled artifacts, as text: stdout lines prefixed with their arrival time on the
     device clock (run_payload.sh), stderr, and the run's [start, end] on that clock."""
+
     stdout: str = ""
     stderr: str = ""
     window: tuple[float, float] | None = None
-    argv: list = field(default_factory=list)        # the command line it ran (argv.json)
+    argv: list = field(default_factory=list)  # the command line it ran (argv.json)
 
 
 @dataclass
 class Artifacts:
     """Everything a parser may read: plain data, no files, no device."""
+
     params: dict
     runs: dict[str, RunOutput] = field(default_factory=dict)
-    data: dict[str, Any] = field(default_factory=dict)     # JSON documents the cell stored (served.json, host.json)
+    data: dict[str, Any] = field(default_factory=dict)  # JSON documents the cell stored (served.json, host.json)
     facts: dict = field(default_factory=dict)
 
     @property
@@ -67,13 +70,14 @@ class Artifacts:
 class Parsed:
     rows: list[Row]
     phases: list[Phase] = field(default_factory=list)
-    context: dict = field(default_factory=dict)            # row columns only the output can tell
+    context: dict = field(default_factory=dict)  # row columns only the output can tell
 
 
 @dataclass
 class Prepared:
     """What a device cell runs: named command lines ('main' first), their environment, the conditions
     it asks for (CPU quota in cores, busy co-runners) and provenance resolved while preparing."""
+
     runs: list[tuple[str, list[str]]]
     env: dict[str, str] = field(default_factory=dict)
     quota: float | None = None
@@ -83,9 +87,10 @@ class Prepared:
 
 class Kind:
     """Override what differs; the defaults describe a per-model payload that runs on the device."""
+
     name: ClassVar[str]
     spec: ClassVar[type[Spec]]
-    per_model: ClassVar[bool] = True          # False: once per device (a property of the device, not a model)
+    per_model: ClassVar[bool] = True  # False: once per device (a property of the device, not a model)
 
     def where(self, params: dict) -> str:
         return DEVICE
@@ -108,13 +113,13 @@ class Kind:
         """Row columns that the cell's params give."""
         return {}
 
-    def prepare(self, cx, cell) -> Prepared:   # device and served kinds
+    def prepare(self, cx, cell) -> Prepared:  # device and served kinds
         raise NotImplementedError
 
-    def drive(self, cx, cell, url: str) -> dict:   # served kinds: the host side, against the forwarded port
+    def drive(self, cx, cell, url: str) -> dict:  # served kinds: the host side, against the forwarded port
         raise NotImplementedError
 
-    def on_host(self, cx, cell) -> dict:           # host kinds: the whole cell, on the host
+    def on_host(self, cx, cell) -> dict:  # host kinds: the whole cell, on the host
         raise NotImplementedError
 
     def parse(self, a: Artifacts) -> Parsed:
@@ -143,9 +148,9 @@ FILE, TREE, DATA = "file", "tree", "data"
 @dataclass(frozen=True)
 class HostOp:
     name: str
-    make: Callable[..., Any]           # make(host, *args): host is the run's HostWork (runner/host.py)
+    make: Callable[..., Any]  # make(host, *args): host is the run's HostWork (runner/host.py)
     result: str = DATA
-    mode: int | None = None            # a FILE's mode where it lands (0o755: a program)
+    mode: int | None = None  # a FILE's mode where it lands (0o755: a program)
 
 
 HOST_OPS: dict[str, HostOp] = {}
@@ -153,9 +158,11 @@ HOST_OPS: dict[str, HostOp] = {}
 
 def host_op(name: str, result: str = DATA, mode: int | None = None):
     """Register `make(host, *args)` as the host operation `name`."""
+
     def deco(make):
         HOST_OPS[name] = HostOp(name, make, result, mode)
         return make
+
     return deco
 
 
@@ -210,9 +217,11 @@ def plain(stdout_tsv: str) -> str:
     return "\n".join(line for _, line in timed_lines(stdout_tsv))
 
 
-_GPU_LINES = (re.compile(r"ggml_vulkan: 0 = ([^|\n]+?)\s*(?:\||$)", re.M),        # Vulkan
-              re.compile(r"^\S*\s*\S*\s*Device 0: ([^,\n]+)", re.M),                # CUDA (ggml_cuda_init)
-              re.compile(r"using device \S+ \((.+?)\) (?:\(|-)"))                  # any, at model load
+_GPU_LINES = (
+    re.compile(r"ggml_vulkan: 0 = ([^|\n]+?)\s*(?:\||$)", re.M),  # Vulkan
+    re.compile(r"^\S*\s*\S*\s*Device 0: ([^,\n]+)", re.M),  # CUDA (ggml_cuda_init)
+    re.compile(r"using device \S+ \((.+?)\) (?:\(|-)"),
+)  # any, at model load
 _OFFLOADED = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
 
 

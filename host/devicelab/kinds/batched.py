@@ -24,9 +24,27 @@ class BatchedSpec(Spec):
 
 def argv(tool: str, model: str, P: dict, threads: int) -> list[str]:
     npl = P["parallel"]
-    a = [tool, "-m", model, "-c", str(max(npl) * (P["prompt"] + P["gen"])), "-b", "2048", "-ub", "512",
-         "-npp", str(P["prompt"]), "-ntg", str(P["gen"]), "-npl", ",".join(map(str, npl)),
-         "-t", str(threads), "--output-format", "jsonl"]
+    a = [
+        tool,
+        "-m",
+        model,
+        "-c",
+        str(max(npl) * (P["prompt"] + P["gen"])),
+        "-b",
+        "2048",
+        "-ub",
+        "512",
+        "-npp",
+        str(P["prompt"]),
+        "-ntg",
+        str(P["gen"]),
+        "-npl",
+        ",".join(map(str, npl)),
+        "-t",
+        str(threads),
+        "--output-format",
+        "jsonl",
+    ]
     if P.get("cache_type_k"):
         a += ["-ctk", P["cache_type_k"]]
     if P.get("cache_type_v"):
@@ -42,13 +60,22 @@ def parse_batched(stdout: str) -> list[Row]:
             continue
         try:
             r = json.loads(line)
-            kw = dict(test=f"pp{r['pp']}+tg{r['tg']}x{r['pl']}", phase="parallel", n_prompt=r["pp"], n_gen=r["tg"],
-                      n_parallel=r["pl"], threads=r.get("n_threads"), ctx=r.get("n_kv_max"))
+            kw = dict(
+                test=f"pp{r['pp']}+tg{r['tg']}x{r['pl']}",
+                phase="parallel",
+                n_prompt=r["pp"],
+                n_gen=r["tg"],
+                n_parallel=r["pl"],
+                threads=r.get("n_threads"),
+                ctx=r.get("n_kv_max"),
+            )
             rows.append(Row(metric="aggregate_tps", value=float(r["speed"]), **kw))
             rows.append(Row(metric="aggregate_decode_tps", value=float(r["speed_tg"]), **kw))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise DevicelabError(f"llama-batched-bench printed a line devicelab cannot read ({type(e).__name__}: "
-                                 f"{e}); see the cell's stdout.tsv") from None
+            raise DevicelabError(
+                f"llama-batched-bench printed a line devicelab cannot read ({type(e).__name__}: "
+                f"{e}); see the cell's stdout.tsv"
+            ) from None
     if not rows:
         raise DevicelabError("llama-batched-bench printed no result line; see the cell's stderr.txt")
     return rows
@@ -64,8 +91,19 @@ class Batched(Kind):
 
     def prepare(self, cx, cell):
         P = cell.params
-        return Prepared([("main", argv(cx.tool("llama-batched-bench"), cx.model(), P,
-                                       P.get("threads") or cx.facts.get("cpu_count") or 1))])
+        return Prepared(
+            [
+                (
+                    "main",
+                    argv(
+                        cx.tool("llama-batched-bench"),
+                        cx.model(),
+                        P,
+                        P.get("threads") or cx.facts.get("cpu_count") or 1,
+                    ),
+                )
+            ]
+        )
 
     def parse(self, a: Artifacts) -> Parsed:
         return Parsed(parse_batched(a.main.stdout))

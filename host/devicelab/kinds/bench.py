@@ -27,12 +27,12 @@ class BenchSpec(Spec):
     gen: list[Annotated[int, Field(ge=0)]] = [32]
     pg: list[tuple[int, int]] = []
     depth: list[Annotated[int, Field(ge=0)]] = [0]
-    threads: list[int | str] = [1]              # counts, or auto: one thread per CPU of the mask
+    threads: list[int | str] = [1]  # counts, or auto: one thread per CPU of the mask
     # llama-bench -C affinity, one cell each: a hex mask, or big.LITTLE-aware names resolved per device
     # from its cpufreq clusters: prime (fastest cluster), big (all but the slowest), little, all
     cpu_masks: list[str | None] = [None]
-    quota: list[Annotated[float, Field(gt=0)] | None] = [None]   # CPU quota in cores (0.5 = half a core), cgroup
-    contention: list[Annotated[int, Field(ge=0)]] = [0]          # busy-looping co-runners
+    quota: list[Annotated[float, Field(gt=0)] | None] = [None]  # CPU quota in cores (0.5 = half a core), cgroup
+    contention: list[Annotated[int, Field(ge=0)]] = [0]  # busy-looping co-runners
     repetitions: int = Field(default=3, ge=1)
     warmup: bool = True
     cache_type_k: KVType | None = None
@@ -40,7 +40,7 @@ class BenchSpec(Spec):
     # GPU axes, with llama-bench's names: layers offloaded (99 = all), flash attention, the GPU device
     n_gpu_layers: list[Annotated[int, Field(ge=0)] | None] = [None]
     flash_attn: list[Literal["on", "off", "auto"] | None] = [None]
-    device: str | None = None                 # llama-bench -dev (e.g. Vulkan0) where there are several
+    device: str | None = None  # llama-bench -dev (e.g. Vulkan0) where there are several
 
     @field_validator("threads")
     @classmethod
@@ -104,7 +104,7 @@ def argv(bench_bin: str, model: str, p: BenchParams) -> list[str]:
 @dataclass
 class BenchTest:
     record: dict
-    t_end: float | None      # arrival of its JSONL line on the device clock (s)
+    t_end: float | None  # arrival of its JSONL line on the device clock (s)
 
     @property
     def kind(self) -> str:
@@ -116,8 +116,11 @@ class BenchTest:
     @property
     def name(self) -> str:
         r = self.record
-        base = {"pg": f"pp{r['n_prompt']}+tg{r['n_gen']}", "prefill": f"pp{r['n_prompt']}",
-                "decode": f"tg{r['n_gen']}"}[self.kind]
+        base = {
+            "pg": f"pp{r['n_prompt']}+tg{r['n_gen']}",
+            "prefill": f"pp{r['n_prompt']}",
+            "decode": f"tg{r['n_gen']}",
+        }[self.kind]
         return base + (f"@d{r['n_depth']}" if r.get("n_depth") else "")
 
     @property
@@ -162,16 +165,26 @@ def rows(tests: list[BenchTest]) -> list[Row]:
         try:
             samples = [float(x) for x in r.get("samples_ts") or []]
             sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
-            common = dict(test=bt.name, phase=bt.kind, threads=int(r["n_threads"]), n_prompt=int(r["n_prompt"]),
-                          n_gen=int(r["n_gen"]), n_depth=int(r.get("n_depth") or 0), n=len(samples),
-                          **gpu_columns(r))
-            out.append(Row(metric=METRIC_FOR_KIND[bt.kind], value=float(r["avg_ts"]), stddev=sd, samples=samples,
-                           **common))
+            common = dict(
+                test=bt.name,
+                phase=bt.kind,
+                threads=int(r["n_threads"]),
+                n_prompt=int(r["n_prompt"]),
+                n_gen=int(r["n_gen"]),
+                n_depth=int(r.get("n_depth") or 0),
+                n=len(samples),
+                **gpu_columns(r),
+            )
+            out.append(
+                Row(metric=METRIC_FOR_KIND[bt.kind], value=float(r["avg_ts"]), stddev=sd, samples=samples, **common)
+            )
             ns = r.get("samples_ns") or []
             out.append(Row(metric="test_seconds", value=sum(ns) / 1e9, samples=[x / 1e9 for x in ns], **common))
         except (KeyError, TypeError, ValueError) as e:
-            raise DevicelabError(f"llama-bench printed a result line devicelab cannot read ({type(e).__name__}: "
-                                 f"{e}); see the cell's stdout.tsv") from None
+            raise DevicelabError(
+                f"llama-bench printed a result line devicelab cannot read ({type(e).__name__}: "
+                f"{e}); see the cell's stdout.tsv"
+            ) from None
     return out
 
 
@@ -187,8 +200,11 @@ def gpu_columns(r: dict) -> dict:
     elif fa is not None:
         fa = {"1": "on", "0": "off", "-1": "auto"}.get(str(fa), str(fa))
     ngl = r.get("n_gpu_layers")
-    return {"gpu_device": r.get("gpu_info") or None, "n_gpu_layers": int(ngl) if ngl is not None else None,
-            "flash_attn": fa}
+    return {
+        "gpu_device": r.get("gpu_info") or None,
+        "n_gpu_layers": int(ngl) if ngl is not None else None,
+        "flash_attn": fa,
+    }
 
 
 def affinity(P: dict, facts: dict, device: str) -> tuple[str | None, int, dict]:
@@ -201,8 +217,10 @@ def affinity(P: dict, facts: dict, device: str) -> tuple[str | None, int, dict]:
     if name in factsmod.MASK_NAMES:
         cpus = factsmod.named_cpus(name, facts)
         if cpus is None:
-            raise SkipCell(f"{device} has no big.LITTLE clusters to pick '{name}' from (the max clocks of its "
-                           "CPUs are all equal or unreadable)")
+            raise SkipCell(
+                f"{device} has no big.LITTLE clusters to pick '{name}' from (the max clocks of its "
+                "CPUs are all equal or unreadable)"
+            )
         mask = factsmod.mask_hex(cpus)
         prov["cpu_mask"] = f"{name}={mask}"
     elif name:
@@ -225,22 +243,27 @@ class Bench(Kind):
         gpu = ("n_gpu_layers", "flash_attn", "device")
         base = spec.model_dump(exclude={"threads", "kind", "cpu_masks", "quota", "contention", *gpu})
         out = []
-        for t, m, q, c, ngl, fa in itertools.product(spec.threads, spec.cpu_masks, spec.quota, spec.contention,
-                                                     spec.n_gpu_layers, spec.flash_attn):
+        for t, m, q, c, ngl, fa in itertools.product(
+            spec.threads, spec.cpu_masks, spec.quota, spec.contention, spec.n_gpu_layers, spec.flash_attn
+        ):
             params = {**base, "threads": t, "cpu_mask": m, "quota": q, "contention": c}
-            if m is None and q is None and c == 0:      # the plain cell keeps the id it always had
+            if m is None and q is None and c == 0:  # the plain cell keeps the id it always had
                 params = {k: x for k, x in params.items() if k not in ("cpu_mask", "quota", "contention")}
-            params.update({k: v for k, v in (("n_gpu_layers", ngl), ("flash_attn", fa), ("device", spec.device))
-                           if v is not None})
+            params.update(
+                {k: v for k, v in (("n_gpu_layers", ngl), ("flash_attn", fa), ("device", spec.device)) if v is not None}
+            )
             out.append(params)
         return out
 
     def label(self, p):
-        return f"t={p['threads']}" + (f" mask={p['cpu_mask']}" if p.get("cpu_mask") else "") + \
-            (f" quota={p['quota']}" if p.get("quota") else "") + \
-            (f" load={p['contention']}" if p.get("contention") else "") + \
-            (f" ngl={p['n_gpu_layers']}" if p.get("n_gpu_layers") is not None else "") + \
-            (f" fa={p['flash_attn']}" if p.get("flash_attn") else "")
+        return (
+            f"t={p['threads']}"
+            + (f" mask={p['cpu_mask']}" if p.get("cpu_mask") else "")
+            + (f" quota={p['quota']}" if p.get("quota") else "")
+            + (f" load={p['contention']}" if p.get("contention") else "")
+            + (f" ngl={p['n_gpu_layers']}" if p.get("n_gpu_layers") is not None else "")
+            + (f" fa={p['flash_attn']}" if p.get("flash_attn") else "")
+        )
 
     def provenance(self, p):
         return {"cpu_mask": p.get("cpu_mask"), "cpu_quota": p.get("quota"), "contention": p.get("contention")}

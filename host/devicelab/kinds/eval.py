@@ -47,8 +47,11 @@ from .base import (
 )
 
 ROUTES = {"device-mc": DEVICE, "server-generate": SERVED, "host-loglikelihood": HOST}
-FLAGS = {"hellaswag": ("--hellaswag", "--hellaswag-tasks"), "winogrande": ("--winogrande", "--winogrande-tasks"),
-         "multiple-choice": ("--multiple-choice", "--multiple-choice-tasks")}
+FLAGS = {
+    "hellaswag": ("--hellaswag", "--hellaswag-tasks"),
+    "winogrande": ("--winogrande", "--winogrande-tasks"),
+    "multiple-choice": ("--multiple-choice", "--multiple-choice-tasks"),
+}
 
 
 class EvalSpec(Spec):
@@ -56,15 +59,15 @@ class EvalSpec(Spec):
     route: Literal["device-mc", "server-generate", "host-loglikelihood"] = "device-mc"
     task: Literal["hellaswag", "winogrande", "multiple-choice"] = "hellaswag"
     data: str | None = None
-    tasks: int = Field(default=0, ge=0)           # 0 = all
+    tasks: int = Field(default=0, ge=0)  # 0 = all
     ctx: int = Field(default=512, ge=64)
     threads: int | None = Field(default=None, ge=1)
-    include: str | None = None                    # folder of lm-eval task YAMLs (relative to the recipe)
+    include: str | None = None  # folder of lm-eval task YAMLs (relative to the recipe)
     lm_tasks: list[str] = []
     limit: int | None = Field(default=None, ge=1)  # lm-eval --limit: first N documents per task
-    slots: int = Field(default=1, ge=1, le=64)     # llama-server --parallel = lm-eval num_concurrent
-    chat: bool = False                             # local-chat-completions (the model's chat template)
-    n_gpu_layers: int | None = Field(default=None, ge=0)   # device routes: llama.cpp -ngl (99 = all)
+    slots: int = Field(default=1, ge=1, le=64)  # llama-server --parallel = lm-eval num_concurrent
+    chat: bool = False  # local-chat-completions (the model's chat template)
+    n_gpu_layers: int | None = Field(default=None, ge=0)  # device routes: llama.cpp -ngl (99 = all)
 
     @model_validator(mode="after")
     def _route_fields(self) -> "EvalSpec":
@@ -72,14 +75,17 @@ class EvalSpec(Spec):
             if not self.data:
                 raise ValueError("route device-mc needs `data:` (a task file in llama.cpp's format)")
             if self.lm_tasks or self.include:
-                raise ValueError("`lm_tasks`/`include` are for the lm-eval routes (server-generate, "
-                                 "host-loglikelihood); route device-mc takes `task` and `data`")
+                raise ValueError(
+                    "`lm_tasks`/`include` are for the lm-eval routes (server-generate, "
+                    "host-loglikelihood); route device-mc takes `task` and `data`"
+                )
         else:
             if not self.lm_tasks:
                 raise ValueError(f"route {self.route} needs `lm_tasks:` (lm-eval task names)")
             if self.data:
-                raise ValueError(f"`data` is for route device-mc; route {self.route} reads lm-eval task YAMLs "
-                                 "from `include:`")
+                raise ValueError(
+                    f"`data` is for route device-mc; route {self.route} reads lm-eval task YAMLs from `include:`"
+                )
             if self.route == "host-loglikelihood" and (self.slots != 1 or self.chat):
                 raise ValueError("`slots` and `chat` are llama-server settings (route server-generate)")
         return self
@@ -94,7 +100,7 @@ class EvalSpec(Spec):
         else:
             keep = ("route", "include", "lm_tasks", "limit", "ctx", "threads")
         out = {k: getattr(self, k) for k in keep}
-        if self.n_gpu_layers is not None and self.route != "host-loglikelihood":   # set: a new cell
+        if self.n_gpu_layers is not None and self.route != "host-loglikelihood":  # set: a new cell
             out["n_gpu_layers"] = self.n_gpu_layers
         return out
 
@@ -127,8 +133,15 @@ def parse_device_mc(text: str, P: dict) -> list[Row]:
     if not m:
         return [missing("accuracy", f"llama-perplexity printed no {P['task']} score", **kw)]
     if P["task"] == "winogrande":
-        return [Row(metric="accuracy", value=float(m.group(2)) / 100, stddev=float(m.group(3)) / 100,
-                    n=int(m.group(1)), **kw)]
+        return [
+            Row(
+                metric="accuracy",
+                value=float(m.group(2)) / 100,
+                stddev=float(m.group(3)) / 100,
+                n=int(m.group(1)),
+                **kw,
+            )
+        ]
     return [Row(metric="accuracy", value=float(m.group(1)) / 100, stddev=float(m.group(2)) / 100, **kw)]
 
 
@@ -142,7 +155,7 @@ def prometheus(url: str) -> dict[str, float]:
         return out
     for line in text.splitlines():
         if line.startswith("llamacpp:"):
-            name, _, v = line[len("llamacpp:"):].partition(" ")
+            name, _, v = line[len("llamacpp:") :].partition(" ")
             try:
                 out[name] = float(v.split()[0])
             except (ValueError, IndexError):
@@ -173,8 +186,9 @@ def host_eval(host, model: str, quant: str, P: dict) -> dict:
 
     qf = host.quant(model, quant)
     include = task_files(host, P)
-    files = (sorted(p for p in include.rglob("*") if p.is_file() and not p.name.endswith(".sha256.json"))
-             if include else [])
+    files = (
+        sorted(p for p in include.rglob("*") if p.is_file() and not p.name.endswith(".sha256.json")) if include else []
+    )
     versions = lmeval.versions()
     tasks_digest = [(str(p.relative_to(include)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
     key = hashlib.sha256(
@@ -224,6 +238,7 @@ class Eval(Kind):
         """Refuse, before anything runs, a missing data file or an lm-eval task on a route that cannot
         score it honestly."""
         from .. import lmeval
+
         if spec.route == "device-mc":
             if not spec.data.startswith("llama.cpp:"):
                 resolve_text(spec.data, None, recipe_dir, what="eval data")
@@ -232,10 +247,11 @@ class Eval(Kind):
         if spec.include:
             inc = resolve_include(spec.include, recipe_dir)
             if not inc.is_dir():
-                raise DevicelabError(f"include: {inc} is not a folder; give the folder of the lm-eval task YAMLs, "
-                                     "relative to the recipe")
+                raise DevicelabError(
+                    f"include: {inc} is not a folder; give the folder of the lm-eval task YAMLs, relative to the recipe"
+                )
             types = lmeval.declared_output_types(inc)
-        if any(t not in types for t in spec.lm_tasks):     # lm-eval's own tasks (hellaswag, gsm8k, …)
+        if any(t not in types for t in spec.lm_tasks):  # lm-eval's own tasks (hellaswag, gsm8k, …)
             types.update(lmeval.builtin_output_types(t for t in spec.lm_tasks if t not in types))
         lmeval.check_tasks(spec.route, spec.lm_tasks, types)
 
@@ -243,19 +259,42 @@ class Eval(Kind):
         P = cell.params
         threads = P.get("threads") or cx.facts.get("cpu_count") or 1
         if P["route"] == "device-mc":
-            threads = P.get("threads") or log_safe_threads(cx.facts)        # its score is in its log lines
+            threads = P.get("threads") or log_safe_threads(cx.facts)  # its score is in its log lines
             data = cx.host_op(TEXT, P["data"], "eval data")
-            return Prepared([("main", device_mc_argv(cx.tool("llama-perplexity"), cx.model(), cx.push(data), P,
-                                                     threads))])
+            return Prepared(
+                [("main", device_mc_argv(cx.tool("llama-perplexity"), cx.model(), cx.push(data), P, threads))]
+            )
         slots = P["slots"]
-        port = random.randint(20000, 45000)          # on the device's loopback only
-        return Prepared([("main", [cx.tool("llama-server"), "-m", cx.model(), "-c", str(P["ctx"] * slots),
-                                   "-np", str(slots), "--host", "127.0.0.1", "--port", str(port), "-t", str(threads),
-                                   "--metrics", "--no-webui"]
-                                  + (["-ngl", str(P["n_gpu_layers"])] if P.get("n_gpu_layers") is not None else []))])
+        port = random.randint(20000, 45000)  # on the device's loopback only
+        return Prepared(
+            [
+                (
+                    "main",
+                    [
+                        cx.tool("llama-server"),
+                        "-m",
+                        cx.model(),
+                        "-c",
+                        str(P["ctx"] * slots),
+                        "-np",
+                        str(slots),
+                        "--host",
+                        "127.0.0.1",
+                        "--port",
+                        str(port),
+                        "-t",
+                        str(threads),
+                        "--metrics",
+                        "--no-webui",
+                    ]
+                    + (["-ngl", str(P["n_gpu_layers"])] if P.get("n_gpu_layers") is not None else []),
+                )
+            ]
+        )
 
     def drive(self, cx, cell, url):
         from .. import lmeval
+
         P = cell.params
         client = lmeval.server_client(url, P["chat"], P["slots"], cell.model)
         res = lmeval.evaluate("server-generate", client, P["lm_tasks"], cx.host_op(TASKS, P), P.get("limit"))
@@ -280,6 +319,7 @@ class Eval(Kind):
 
     def parse(self, a: Artifacts) -> Parsed:
         from .. import lmeval
+
         P = a.params
         route = P["route"]
         if route == "device-mc":
@@ -289,9 +329,13 @@ class Eval(Kind):
             prov = res["provenance"]
             rows = lmeval.rows(res, route)
             rows.append(Row(metric="wall_seconds", value=prov["seconds"], phase="cell", test="lm-eval on the host"))
-            ctx = {"target": "host (llama-cpp-python)", "build_commit": prov["eval_engine"],
-                   "build_flags": {"system_info": prov.get("eval_engine_system_info")}, "build_key": None,
-                   "eval_engine": f"{prov['eval_engine']} + lm-eval {prov.get('lm_eval')}"}
+            ctx = {
+                "target": "host (llama-cpp-python)",
+                "build_commit": prov["eval_engine"],
+                "build_flags": {"system_info": prov.get("eval_engine_system_info")},
+                "build_key": None,
+                "eval_engine": f"{prov['eval_engine']} + lm-eval {prov.get('lm_eval')}",
+            }
             return Parsed(rows, context=ctx)
         served = a.data["served"]
         rows = lmeval.rows(served["result"], route)
@@ -306,6 +350,13 @@ class Eval(Kind):
             phases.append(Phase("load", "load", win[0], ready))
             phases.append(Phase("lm-eval", "eval", ready, done, int(gen or 0)))
             if gen:
-                rows.append(Row(metric="eval_gen_tps", value=gen / (done - ready), phase="eval",
-                                n_parallel=P["slots"], test="generated tokens / lm-eval wall time"))
+                rows.append(
+                    Row(
+                        metric="eval_gen_tps",
+                        value=gen / (done - ready),
+                        phase="eval",
+                        n_parallel=P["slots"],
+                        test="generated tokens / lm-eval wall time",
+                    )
+                )
         return Parsed(rows, phases)

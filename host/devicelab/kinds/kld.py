@@ -22,7 +22,7 @@ from ..recipe_paths import resolve_text
 from ..schema import Row, missing
 from .base import FILE, Artifacts, Kind, Parsed, Prepared, Spec, gpu_from_log, host_op, log_safe_threads, register
 
-DEFAULT_TEXT = "llama.cpp:docs/build.md"   # ships with the pinned llama.cpp source: on every machine
+DEFAULT_TEXT = "llama.cpp:docs/build.md"  # ships with the pinned llama.cpp source: on every machine
 
 
 class KLDSpec(Spec):
@@ -31,17 +31,19 @@ class KLDSpec(Spec):
     ctx: int = Field(default=128, ge=16)
     chunks: int = Field(default=8, ge=1)
     threads: int | None = Field(default=None, ge=1)
-    host_check: bool | None = None    # also compare the device's logits with the host's for the same file
-                                      # (default: on for every device that does not measure on this host's CPUs,
-                                      # and for every GPU backend: does the GPU path change the answers?)
-    n_gpu_layers: list[Annotated[int, Field(ge=0)] | None] = [None]   # llama.cpp -ngl (99 = all), one cell each
+    host_check: bool | None = None  # also compare the device's logits with the host's for the same file
+    # (default: on for every device that does not measure on this host's CPUs,
+    # and for every GPU backend: does the GPU path change the answers?)
+    n_gpu_layers: list[Annotated[int, Field(ge=0)] | None] = [None]  # llama.cpp -ngl (99 = all), one cell each
 
     @model_validator(mode="after")
     def _enough_tokens(self) -> "KLDSpec":
-        scored = (self.ctx - self.ctx // 2 - 1) * self.chunks    # llama-perplexity scores each chunk's 2nd half
+        scored = (self.ctx - self.ctx // 2 - 1) * self.chunks  # llama-perplexity scores each chunk's 2nd half
         if scored < 100:
-            raise ValueError(f"ctx {self.ctx} × chunks {self.chunks} scores {scored} tokens; llama-perplexity "
-                             "prints KL-divergence statistics only over ≥ 100 (e.g. ctx: 128, chunks: 2)")
+            raise ValueError(
+                f"ctx {self.ctx} × chunks {self.chunks} scores {scored} tokens; llama-perplexity "
+                "prints KL-divergence statistics only over ≥ 100 (e.g. ctx: 128, chunks: 2)"
+            )
         return self
 
 
@@ -55,16 +57,41 @@ class KLDParams:
 
 
 def base_argv(bin_: str, base_model: str, text: str, logits_out: str, p: KLDParams) -> list[str]:
-    a = [bin_, "-m", base_model, "-f", text, "-c", str(p.ctx), "--chunks", str(p.chunks), "-t", str(p.threads),
-         "--kl-divergence-base", logits_out]
+    a = [
+        bin_,
+        "-m",
+        base_model,
+        "-f",
+        text,
+        "-c",
+        str(p.ctx),
+        "--chunks",
+        str(p.chunks),
+        "-t",
+        str(p.threads),
+        "--kl-divergence-base",
+        logits_out,
+    ]
     if p.batch:
         a += ["-b", str(p.batch)]
     return a
 
 
 def kld_argv(bin_: str, model: str, logits: str, p: KLDParams) -> list[str]:
-    a = [bin_, "-m", model, "-c", str(p.ctx), "--chunks", str(p.chunks), "-t", str(p.threads),
-         "--kl-divergence-base", logits, "--kl-divergence"]
+    a = [
+        bin_,
+        "-m",
+        model,
+        "-c",
+        str(p.ctx),
+        "--chunks",
+        str(p.chunks),
+        "-t",
+        str(p.threads),
+        "--kl-divergence-base",
+        logits,
+        "--kl-divergence",
+    ]
     if p.batch:
         a += ["-b", str(p.batch)]
     if p.n_gpu_layers is not None:
@@ -97,17 +124,18 @@ def parse_kld(text: str, p: KLDParams) -> list[Row]:
     out = []
     gpu = gpu_from_log(text)
     if "n_gpu_layers" not in gpu and p.n_gpu_layers is not None:
-        gpu["n_gpu_layers"] = p.n_gpu_layers          # as asked: the tool's log line saying so can be lost
+        gpu["n_gpu_layers"] = p.n_gpu_layers  # as asked: the tool's log line saying so can be lost
     for metric, pat in PATTERNS.items():
         m = re.search(pat, text)
-        common = dict(test=f"kld@c{p.ctx}x{p.chunks}", phase="perplexity", ctx=p.ctx, n=p.chunks, threads=p.threads,
-                      **gpu)
+        common = dict(
+            test=f"kld@c{p.ctx}x{p.chunks}", phase="perplexity", ctx=p.ctx, n=p.chunks, threads=p.threads, **gpu
+        )
         if not m:
             out.append(missing(metric, "not printed by llama-perplexity", **common))
             continue
         v = float(m.group(1))
         sd = float(m.group(2)) if m.lastindex and m.lastindex >= 2 else None
-        if sd is not None and sd != sd:   # llama-perplexity prints '-nan' for the spread of identical logits
+        if sd is not None and sd != sd:  # llama-perplexity prints '-nan' for the spread of identical logits
             sd = None
         if metric in PERCENT:
             v, sd = v / 100, (sd / 100 if sd is not None else None)
@@ -121,8 +149,12 @@ def parse_base_ppl(text: str) -> float | None:
 
 
 def _params(P: dict, facts: dict) -> KLDParams:
-    return KLDParams(ctx=P["ctx"], chunks=P["chunks"], threads=P.get("threads") or log_safe_threads(facts),
-                     n_gpu_layers=P.get("n_gpu_layers"))
+    return KLDParams(
+        ctx=P["ctx"],
+        chunks=P["chunks"],
+        threads=P.get("threads") or log_safe_threads(facts),
+        n_gpu_layers=P.get("n_gpu_layers"),
+    )
 
 
 # ---- host work: logits made once on the host, per (model file, text, ctx, chunks) ----
@@ -143,8 +175,11 @@ def _logits(host, model_file, sha: str, spec: dict, out_name: str, what: str):
     log.write_text("")
     tmp = out.with_suffix(".part")
     with host.cpu.work(what):
-        run_logged(base_argv(str(hb.tool("llama-perplexity")), str(model_file), str(text), str(tmp), p), log,
-                   what=f"llama-perplexity ({what})")
+        run_logged(
+            base_argv(str(hb.tool("llama-perplexity")), str(model_file), str(text), str(tmp), p),
+            log,
+            what=f"llama-perplexity ({what})",
+        )
     tmp.rename(out)
     ppl = parse_base_ppl(log.read_text(errors="replace"))
     meta.write_text(json.dumps({"ppl_base": ppl, "sha256": sha, "text": str(text), **spec}))
@@ -196,8 +231,9 @@ class KLD(Kind):
         if check is None:
             check = not cx.same_build_as_host or P.get("backend") not in (None, backends.CPU)
         if check:
-            runs.append(("check", kld_argv(tool, model, cx.push(cx.host_op(HOST_LOGITS, cell.model, cell.quant, P)),
-                                           kp)))
+            runs.append(
+                ("check", kld_argv(tool, model, cx.push(cx.host_op(HOST_LOGITS, cell.model, cell.quant, P)), kp))
+            )
         return Prepared(runs)
 
     def complete(self, run, out):
@@ -207,14 +243,25 @@ class KLD(Kind):
     def parse(self, a: Artifacts) -> Parsed:
         kp = _params(a.params, a.facts)
         argv = [str(x) for x in a.main.argv]
-        if "-t" in argv[:-1]:                  # the threads it ran with, whatever today's default
+        if "-t" in argv[:-1]:  # the threads it ran with, whatever today's default
             kp = KLDParams(kp.ctx, kp.chunks, int(argv[argv.index("-t") + 1]), kp.batch, kp.n_gpu_layers)
         out = parse_kld(a.main.stdout + "\n" + a.main.stderr, kp)
         if "check" in a.runs:
             chk = {r.metric: r for r in parse_kld(a.runs["check"].stdout + "\n" + a.runs["check"].stderr, kp)}
             for src, dst in (("kld_mean", "devhost_kld_mean"), ("same_top_p", "devhost_same_top_p")):
                 r = chk[src]
-                out.append(Row(metric=dst, value=r.value, stddev=r.stddev, test=r.test, phase="host-check",
-                               ctx=r.ctx, n=r.n, missing_reason=r.missing_reason, gpu_device=r.gpu_device,
-                               n_gpu_layers=r.n_gpu_layers))
+                out.append(
+                    Row(
+                        metric=dst,
+                        value=r.value,
+                        stddev=r.stddev,
+                        test=r.test,
+                        phase="host-check",
+                        ctx=r.ctx,
+                        n=r.n,
+                        missing_reason=r.missing_reason,
+                        gpu_device=r.gpu_device,
+                        n_gpu_layers=r.n_gpu_layers,
+                    )
+                )
         return Parsed(out)

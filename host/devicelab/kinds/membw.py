@@ -19,6 +19,7 @@ EXE = "membw-exe"
 def membw_exe(host, manifest: dict):
     """device_payloads/membw.c built for a build's target (its manifest), on the host."""
     from ..build import payloads
+
     return payloads.ensure_c_payload("membw", manifest, "bandwidth")
 
 
@@ -35,10 +36,13 @@ def membw_rows(stdout: str) -> list[Row]:
         if line.startswith("{"):
             try:
                 r = json.loads(line)
-                kw = dict(test=f"read {int(r['buffer_bytes']) >> 20} MiB", phase="roofline", threads=r["threads"],
-                          n=r["reps"])
-                return [Row(metric="mem_bandwidth", value=float(r["read_bytes_per_s"]), **kw),
-                        Row(metric="peak_flops", value=float(r["fma_flops_per_s"]), **kw)]
+                kw = dict(
+                    test=f"read {int(r['buffer_bytes']) >> 20} MiB", phase="roofline", threads=r["threads"], n=r["reps"]
+                )
+                return [
+                    Row(metric="mem_bandwidth", value=float(r["read_bytes_per_s"]), **kw),
+                    Row(metric="peak_flops", value=float(r["fma_flops_per_s"]), **kw),
+                ]
             except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
                 raise DevicelabError(f"membw printed a line devicelab cannot read ({type(e).__name__}: {e})") from None
     raise DevicelabError("membw printed no result")
@@ -53,8 +57,22 @@ class Membw(Kind):
     def prepare(self, cx, cell):
         P = cell.params
         exe = cx.push(cx.host_op(EXE, cx.build.manifest), mode="755", name="membw")
-        return Prepared([("main", [exe, "-m", str(P["mib"]), "-r", str(P["repetitions"]),
-                                   "-t", str(P.get("threads") or cx.facts.get("cpu_count") or 1)])])
+        return Prepared(
+            [
+                (
+                    "main",
+                    [
+                        exe,
+                        "-m",
+                        str(P["mib"]),
+                        "-r",
+                        str(P["repetitions"]),
+                        "-t",
+                        str(P.get("threads") or cx.facts.get("cpu_count") or 1),
+                    ],
+                )
+            ]
+        )
 
     def parse(self, a: Artifacts) -> Parsed:
         return Parsed(membw_rows(a.main.stdout))

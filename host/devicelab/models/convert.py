@@ -28,7 +28,7 @@ def content_key(folder: Path) -> tuple[str, dict]:
     files = {}
     for pat in CONTENT:
         for f in sorted(folder.glob(pat)):
-            if f.name.endswith(".sha256.json"):          # our own hash memo, not the checkpoint's
+            if f.name.endswith(".sha256.json"):  # our own hash memo, not the checkpoint's
                 continue
             blob = f.resolve()
             named = blob.name if f.is_symlink() and re.fullmatch(r"[0-9a-f]{64}", blob.name) else None
@@ -67,8 +67,7 @@ def check_extra() -> None:
         raise DevicelabError(f"converting a checkpoint needs {', '.join(missing)}: pip install -e '.[convert]'")
 
 
-def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None, source=None,
-            progress=None) -> Path:
+def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None, source=None, progress=None) -> Path:
     """The checkpoint as a GGUF base (cached: the same content converts once)."""
     from ..build import source as sourcemod
 
@@ -80,7 +79,7 @@ def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None,
     out_dir = paths.sub("models") / "converted" / key[:16]
     out = out_dir / f"{_name(folder)}-{outtype}.gguf"
     manifest = out.with_name(out.name + ".convert.json")
-    for done in sorted(out_dir.glob(f"*-{outtype}.gguf.convert.json")):   # the same content, under any name
+    for done in sorted(out_dir.glob(f"*-{outtype}.gguf.convert.json")):  # the same content, under any name
         if done.with_name(done.name[: -len(".convert.json")]).exists():
             return done.with_name(done.name[: -len(".convert.json")])
     check_extra()
@@ -94,13 +93,26 @@ def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None,
     rc, text = _stream(argv, converter_env(src.path), log, progress, f"converting {_name(folder)} to {outtype}")
     if rc != 0 or not tmp.exists():
         tmp.unlink(missing_ok=True)
-        raise DevicelabError(f"{folder.name}: the pinned convert_hf_to_gguf.py ({src.short}) cannot take this "
-                             f"checkpoint: {_refusal(text)}; full log: {log}")
+        raise DevicelabError(
+            f"{folder.name}: the pinned convert_hf_to_gguf.py ({src.short}) cannot take this "
+            f"checkpoint: {_refusal(text)}; full log: {log}"
+        )
     tmp.rename(out)
-    manifest.write_text(json.dumps({"checkpoint": str(folder), "content_sha256": key, "files": files,
-                                    "outtype": outtype, "converter": "convert_hf_to_gguf.py",
-                                    "source_commit": src.commit, "converter_sha256": sha256_file(script),
-                                    **({"hub": provenance} if provenance else {})}, indent=1))
+    manifest.write_text(
+        json.dumps(
+            {
+                "checkpoint": str(folder),
+                "content_sha256": key,
+                "files": files,
+                "outtype": outtype,
+                "converter": "convert_hf_to_gguf.py",
+                "source_commit": src.commit,
+                "converter_sha256": sha256_file(script),
+                **({"hub": provenance} if provenance else {}),
+            },
+            indent=1,
+        )
+    )
     return out
 
 
@@ -135,7 +147,7 @@ def _name(folder: Path) -> str:
     parts = folder.resolve().parts
     for p in parts:
         if p.startswith("models--"):
-            return re.sub(r"[^\w.-]", "_", p[len("models--"):].split("--")[-1])
+            return re.sub(r"[^\w.-]", "_", p[len("models--") :].split("--")[-1])
     return re.sub(r"[^\w.-]", "_", folder.name) or "model"
 
 
@@ -158,13 +170,32 @@ def lora_to_gguf(adapter: Path, base_checkpoint: Path, source=None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp.gguf")
     log = out.parent / "convert.log"
-    rc, text = _stream([str(x) for x in (sys.executable, src.path / "convert_lora_to_gguf.py", "--base",
-                                         base_checkpoint, "--outfile", tmp, "--outtype", "f32", adapter)],
-                       converter_env(src.path), log, None, "")
+    rc, text = _stream(
+        [
+            str(x)
+            for x in (
+                sys.executable,
+                src.path / "convert_lora_to_gguf.py",
+                "--base",
+                base_checkpoint,
+                "--outfile",
+                tmp,
+                "--outtype",
+                "f32",
+                adapter,
+            )
+        ],
+        converter_env(src.path),
+        log,
+        None,
+        "",
+    )
     if rc != 0 or not tmp.exists():
         tmp.unlink(missing_ok=True)
-        raise DevicelabError(f"{adapter.name}: the pinned convert_lora_to_gguf.py ({src.short}) cannot take this "
-                             f"adapter: {_refusal(text)}; full log: {log}")
+        raise DevicelabError(
+            f"{adapter.name}: the pinned convert_lora_to_gguf.py ({src.short}) cannot take this "
+            f"adapter: {_refusal(text)}; full log: {log}"
+        )
     tmp.rename(out)
     return out
 

@@ -35,8 +35,8 @@ class ModelInfo:
     head_dim_v: int | None
     n_ctx_train: int | None
     n_vocab: int | None
-    tensor_types: dict = field(default_factory=dict)        # type -> tensor count
-    tensor_type_bytes: dict = field(default_factory=dict)   # type -> bytes of tensor data
+    tensor_types: dict = field(default_factory=dict)  # type -> tensor count
+    tensor_type_bytes: dict = field(default_factory=dict)  # type -> bytes of tensor data
     tensor_type_params: dict = field(default_factory=dict)  # type -> parameters
 
     @property
@@ -85,12 +85,14 @@ def _field(reader, key, default=None):
 def split_parts(path: Path, count: int) -> list[Path]:
     """A split GGUF's parts in order, from its first (`NAME-00001-of-0000N.gguf`); [path] when not split."""
     import re
+
     if count <= 1:
         return [path]
     m = re.match(r"^(.+)-00001-of-(\d{5})\.gguf$", path.name)
     if not m:
-        raise DevicelabError(f"{path} is one part of a split GGUF ({count} parts): give its first part, "
-                             "NAME-00001-of-….gguf")
+        raise DevicelabError(
+            f"{path} is one part of a split GGUF ({count} parts): give its first part, NAME-00001-of-….gguf"
+        )
     parts = [path.with_name(f"{m.group(1)}-{i:05d}-of-{m.group(2)}.gguf") for i in range(1, count + 1)]
     missing = [p for p in parts if not p.exists()]
     if missing:
@@ -101,6 +103,7 @@ def split_parts(path: Path, count: int) -> list[Path]:
 def all_parts(path: Path) -> list[Path]:
     """The files a GGUF is made of: its parts when split, else itself."""
     from gguf import GGUFReader
+
     m = __import__("re").match(r"^.+-00001-of-(\d{5})\.gguf$", Path(path).name)
     if not m:
         return [Path(path)]
@@ -111,10 +114,12 @@ def all_parts(path: Path) -> list[Path]:
 def content_sha256(path: Path) -> str:
     """sha256 of a GGUF file; of a split one, over its parts' sha256s in order."""
     from ..hashing import sha256_file
+
     parts = all_parts(path)
     if len(parts) == 1:
         return sha256_file(parts[0])
     import hashlib
+
     return hashlib.sha256(" ".join(sha256_file(p) for p in parts).encode()).hexdigest()
 
 
@@ -155,9 +160,21 @@ def read(path: Path) -> ModelInfo:
         toks = r.fields.get("tokenizer.ggml.tokens")
         vocab = len(toks.data) if toks is not None else None
     return ModelInfo(
-        path=str(path), bytes=size, arch=arch, name=str(_field(r, "general.name", path.stem)),
-        n_params=n_params, file_type=_field(r, "general.file_type"), n_layer=a("block_count"),
-        n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, head_dim_k=hdk, head_dim_v=hdv,
-        n_ctx_train=a("context_length"), n_vocab=vocab,
-        tensor_types=dict(counts), tensor_type_bytes=dict(tbytes), tensor_type_params=dict(tparams),
+        path=str(path),
+        bytes=size,
+        arch=arch,
+        name=str(_field(r, "general.name", path.stem)),
+        n_params=n_params,
+        file_type=_field(r, "general.file_type"),
+        n_layer=a("block_count"),
+        n_embd=n_embd,
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim_k=hdk,
+        head_dim_v=hdv,
+        n_ctx_train=a("context_length"),
+        n_vocab=vocab,
+        tensor_types=dict(counts),
+        tensor_type_bytes=dict(tbytes),
+        tensor_type_params=dict(tparams),
     )

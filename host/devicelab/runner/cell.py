@@ -29,13 +29,13 @@ from . import artifacts
 from .conditions import Contention, Quota
 from .session import DeviceSession, read_pids
 
-if TYPE_CHECKING:                                   # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover
     from ..plan import Cell
 
 # what run_payload.sh leaves in a cell's device folder, with the files telemetry sources write beside the payload
 PULLED = ("stdout.tsv", "stderr.txt", "telemetry.csv", "clock", "pids", "exit_code", *sources.pulled())
 
-CALIBRATION = "battery-calibration"   # the ledger's device fact: the energy calibration of an earlier cell
+CALIBRATION = "battery-calibration"  # the ledger's device fact: the energy calibration of an earlier cell
 
 
 class CellContext:
@@ -81,27 +81,48 @@ def model_context(host, model: str, qf) -> dict:
         kv_per_tok = mi.kv_cache_bytes(1)
     except (DevicelabError, KeyError, TypeError):
         pass
-    return {"model_sha256": qf.sha256, "model_bytes": qf.manifest["bytes"], "bpw": qf.manifest["bpw"],
-            "n_params": info.get("n_params"), "kv_bytes_per_token": kv_per_tok,
-            "tensor_types": qf.manifest["tensor_types"], "base_note": host.base(model).manifest.get("note"),
-            "model_source": host.model_source(model).provenance, "imatrix": qf.manifest.get("imatrix_from")}
+    return {
+        "model_sha256": qf.sha256,
+        "model_bytes": qf.manifest["bytes"],
+        "bpw": qf.manifest["bpw"],
+        "n_params": info.get("n_params"),
+        "kv_bytes_per_token": kv_per_tok,
+        "tensor_types": qf.manifest["tensor_types"],
+        "base_note": host.base(model).manifest.get("note"),
+        "model_source": host.model_source(model).provenance,
+        "imatrix": qf.manifest.get("imatrix_from"),
+    }
 
 
 def base_context(s: DeviceSession, cell, run_id: str) -> dict:
-    on_host = kinds.get(cell.payload).where(cell.params) == HOST       # this host's llama.cpp, not the device's
+    on_host = kinds.get(cell.payload).where(cell.params) == HOST  # this host's llama.cpp, not the device's
     backend = cell.params.get("backend")
     b = s.build if on_host else s.build_for(backend)
     c = s.conditions
-    return {"run_id": run_id, "cell_id": cell.cell_id, "recipe": cell.recipe, "device": cell.device,
-            "target": b.manifest["target"], "model": cell.model, "quant": cell.quant, "payload": cell.payload,
-            "build_commit": b.manifest["commit"], "build_flags": b.manifest["flags"], "build_key": b.key,
-            "device_facts": factsmod.summary(s.facts), "lab_host": labmod.this_host(),
-            "backend": backend or s.builds.default_backend,
-            "gpu_device": next((d for _, d in s.builds.gpu_devices.get(backend, [])), None),
-            "device_mem_bytes": s.device.ram_budget_bytes or s.facts.get("mem_total_bytes"),
-            "ram_budget_bytes": c.budget.bytes, "ram_budget_source": c.budget.line(),
-            "battery_wh": c.battery_wh, "battery_source": c.battery_source,
-            **c.provenance, **kinds.get(cell.payload).provenance(cell.params)}
+    return {
+        "run_id": run_id,
+        "cell_id": cell.cell_id,
+        "recipe": cell.recipe,
+        "device": cell.device,
+        "target": b.manifest["target"],
+        "model": cell.model,
+        "quant": cell.quant,
+        "payload": cell.payload,
+        "build_commit": b.manifest["commit"],
+        "build_flags": b.manifest["flags"],
+        "build_key": b.key,
+        "device_facts": factsmod.summary(s.facts),
+        "lab_host": labmod.this_host(),
+        "backend": backend or s.builds.default_backend,
+        "gpu_device": next((d for _, d in s.builds.gpu_devices.get(backend, [])), None),
+        "device_mem_bytes": s.device.ram_budget_bytes or s.facts.get("mem_total_bytes"),
+        "ram_budget_bytes": c.budget.bytes,
+        "ram_budget_source": c.budget.line(),
+        "battery_wh": c.battery_wh,
+        "battery_source": c.battery_source,
+        **c.provenance,
+        **kinds.get(cell.payload).provenance(cell.params),
+    }
 
 
 # a run whose output lost its last lines (llama.cpp's logger is not flushed at exit: upstream issue 22142) is run
@@ -112,6 +133,7 @@ LOST_TAIL_RERUNS = 4
 @dataclass
 class CellRun:
     """One cell's run, as its steps fill it in."""
+
     s: DeviceSession
     cell: Cell
     run_id: str
@@ -119,17 +141,17 @@ class CellRun:
     kind: Kind = field(init=False)
     cx: CellContext = field(init=False)
     prep: Prepared | None = None
-    attempt: int = 0                         # the cell's attempt number: its artifacts' folder
-    base: Path | None = None                 # the attempt's artifacts here …
-    remote: str = ""                         # … and on the device
-    env: dict = field(default_factory=dict)              # run_payload.sh's environment
-    provenance: dict = field(default_factory=dict)       # row columns: what prepare and the conditions resolved
-    data: list[str] = field(default_factory=list)        # the JSON documents the run produced (served)
-    reruns: list[str] = field(default_factory=list)      # runs repeated for a lost tail
-    prior: dict | None = None                # the device's energy calibration before this cell
+    attempt: int = 0  # the cell's attempt number: its artifacts' folder
+    base: Path | None = None  # the attempt's artifacts here …
+    remote: str = ""  # … and on the device
+    env: dict = field(default_factory=dict)  # run_payload.sh's environment
+    provenance: dict = field(default_factory=dict)  # row columns: what prepare and the conditions resolved
+    data: list[str] = field(default_factory=list)  # the JSON documents the run produced (served)
+    reruns: list[str] = field(default_factory=list)  # runs repeated for a lost tail
+    prior: dict | None = None  # the device's energy calibration before this cell
     cooldown: Row | None = None
-    own: str = ""                            # this cell in the host's CPU activity …
-    host_window: tuple[float, float] = (0.0, 0.0)        # … and when it measured, host clock
+    own: str = ""  # this cell in the host's CPU activity …
+    host_window: tuple[float, float] = (0.0, 0.0)  # … and when it measured, host clock
 
     def __post_init__(self):
         self.kind = kinds.get(self.cell.payload)
@@ -139,11 +161,12 @@ class CellRun:
 @dataclass
 class Payload:
     """One of a cell's command lines, run through run_payload.sh."""
-    name: str                                # 'main' or the kind's name for a further run
+
+    name: str  # 'main' or the kind's name for a further run
     argv: list[str]
-    runner: list[str]                        # run_payload.sh's command line around it
-    remote: str                              # its outputs on the device …
-    local: Path                              # … and here
+    runner: list[str]  # run_payload.sh's command line around it
+    remote: str  # its outputs on the device …
+    local: Path  # … and here
 
 
 def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:
@@ -169,8 +192,19 @@ def _run_on_host(r: CellRun) -> None:
         r.cx.quant_file()
     if r.cx.qf is not None:
         ctx.update(model_context(s.host, cell.model, r.cx.qf))
-    artifacts.write_meta(base, {"payload": cell.payload, "params": cell.params, "facts": s.facts, "runs": [],
-                                "data": ["host"], "telemetry": False, "context": ctx, "recorded_at": _now()})
+    artifacts.write_meta(
+        base,
+        {
+            "payload": cell.payload,
+            "params": cell.params,
+            "facts": s.facts,
+            "runs": [],
+            "data": ["host"],
+            "telemetry": False,
+            "context": ctx,
+            "recorded_at": _now(),
+        },
+    )
     rows, _ = artifacts.derive(base)
     led.finish_cell(cell.cell_id, rows)
 
@@ -186,7 +220,7 @@ def _prepare(r: CellRun) -> bool:
         led.skip_cell(cell.cell_id, str(e))
         return False
     r.attempt, prev = led.begin_cell(cell.cell_id, r.run_id)
-    if prev:                                        # a previous attempt was cut off: stop what it left running
+    if prev:  # a previous attempt was cut off: stop what it left running
         s.link.stop(prev)
     r.remote = posixpath.join(s.t.workdir(), "cells", cell.cell_id, f"attempt-{r.attempt}")
     r.base = led.artifacts_dir / cell.cell_id / f"attempt-{r.attempt}"
@@ -210,7 +244,7 @@ def _execute(r: CellRun) -> bool:
             s.ledger.skip_cell(r.cell.cell_id, str(e))
             return False
         r.cooldown = s.conditions.cooldown()
-        for around in found.around():                # the sources' own, entered after the cooldown
+        for around in found.around():  # the sources' own, entered after the cooldown
             conds.enter_context(around)
         r.base.mkdir(parents=True, exist_ok=True)
         found.check(snapshots.take(s.t, found.tools, "start", r.base))
@@ -234,11 +268,19 @@ def _measure(r: CellRun) -> None:
     cpu = s.host.cpu
     t0 = time.time()
     r.own = f"{s.name} measuring" if s.measures_on_host else f"{s.name} cell"
-    with (cpu.measure(r.own) if s.measures_on_host else cpu.activity(r.own)):
+    with cpu.measure(r.own) if s.measures_on_host else cpu.activity(r.own):
         for name, argv in r.prep.runs:
             remote = r.remote if name == "main" else posixpath.join(r.remote, name)
-            runner = ["sh", f"{s.link.kit}/run_payload.sh", remote, str(r.interval_ms), s.device.telemetry_root,
-                      "--", *s.device.exec_prefix, *argv]
+            runner = [
+                "sh",
+                f"{s.link.kit}/run_payload.sh",
+                remote,
+                str(r.interval_ms),
+                s.device.telemetry_root,
+                "--",
+                *s.device.exec_prefix,
+                *argv,
+            ]
             _run_payload(r, Payload(name, argv, runner, remote, artifacts.run_dir(r.base, name)))
     r.host_window = (t0, time.time())
 
@@ -265,8 +307,10 @@ def _run_to_the_end(r: CellRun, p: Payload) -> None:
         if r.kind.complete(p.name, artifacts.read_run(r.base, p.name)):
             break
         r.reruns.append(p.name)
-        r.s.ev.stage(f"{r.cell.label()}: {posixpath.basename(p.argv[0])} exited 0 but its last "
-                     "lines were lost (llama.cpp issue 22142): running it again")
+        r.s.ev.stage(
+            f"{r.cell.label()}: {posixpath.basename(p.argv[0])} exited 0 but its last "
+            "lines were lost (llama.cpp issue 22142): running it again"
+        )
 
 
 def _pull(r: CellRun, p: Payload, res: CommandResult) -> None:
@@ -292,11 +336,23 @@ def _record(r: CellRun) -> None:
     ctx["host_activity"] = s.host.cpu.during(*r.host_window, exclude=r.own) or None
     if r.cx.qf is not None:
         ctx.update(model_context(s.host, cell.model, r.cx.qf))
-    artifacts.write_meta(r.base, {"payload": cell.payload, "params": cell.params, "facts": s.facts,
-                                  "runs": [n for n, _ in r.prep.runs], "data": r.data, "telemetry": True,
-                                  "context": ctx, "cooldown": artifacts.row_dict(r.cooldown),
-                                  "baseline": s.conditions.baseline, "prior_calibration": r.prior,
-                                  "recorded_at": _now(), "reruns_lost_tail": r.reruns})
+    artifacts.write_meta(
+        r.base,
+        {
+            "payload": cell.payload,
+            "params": cell.params,
+            "facts": s.facts,
+            "runs": [n for n, _ in r.prep.runs],
+            "data": r.data,
+            "telemetry": True,
+            "context": ctx,
+            "cooldown": artifacts.row_dict(r.cooldown),
+            "baseline": s.conditions.baseline,
+            "prior_calibration": r.prior,
+            "recorded_at": _now(),
+            "reruns_lost_tail": r.reruns,
+        },
+    )
     rows, calibration = artifacts.derive(r.base)
     (r.base / "calibration.json").write_text(json.dumps(calibration, default=str))
     led.finish_cell(cell.cell_id, rows)
@@ -321,7 +377,7 @@ def _device_clock(s: DeviceSession) -> float | None:
 
 
 def _payload_pid(s: DeviceSession, remote_out: str) -> str | None:
-    for _ in range(50):                  # the runner writes its pids file right after starting
+    for _ in range(50):  # the runner writes its pids file right after starting
         pid = read_pids(s.t, remote_out).get("payload")
         if pid:
             return pid[0]
@@ -358,14 +414,14 @@ def _serve_and_drive(r: CellRun, p: Payload) -> dict:
         failure = e
     finally:
         _stop_server(s, p, th)
-    if "err" in box:                  # the device side failed (a lost phone/board is retryable)
+    if "err" in box:  # the device side failed (a lost phone/board is retryable)
         raise box["err"] from failure
     if isinstance(failure, OSError):
         raise RetryableError(f"{r.cell.label()}: the forwarded port to the server failed: {failure}") from failure
     if failure is not None:
         raise failure
     res = box.get("res") or CommandResult(p.runner, 124, "", "the server did not stop")
-    if res.rc in (130, 143):             # stopped by us (SIGINT/SIGTERM): the payload's normal end here
+    if res.rc in (130, 143):  # stopped by us (SIGINT/SIGTERM): the payload's normal end here
         res = CommandResult(res.argv, 0, res.stdout, res.stderr)
     _pull(r, p, res)
     return {**result, "marks": marks}
@@ -380,7 +436,7 @@ def _stop_server(s: DeviceSession, p: Payload, th: threading.Thread) -> None:
             if th.is_alive():
                 s.t.run(["kill", "-9", pid])
     except (DevicelabError, OSError):
-        pass                      # the device is gone: its thread says so
+        pass  # the device is gone: its thread says so
     th.join(120)
 
 

@@ -48,7 +48,7 @@ class Quota(Condition):
         if self.cgroup:
             try:
                 self.t.run(["sh", f"{self.kit}/cgroup.sh", "remove", self.cgroup])
-            except Exception:          # noqa: BLE001 - the device went away: the cell's own error says so
+            except Exception:  # noqa: BLE001 - the device went away: the cell's own error says so
                 if exc[0] is None:
                     raise
         return False
@@ -85,8 +85,9 @@ class Governor(Condition):
     def __enter__(self):
         out = self._cmd(["set", self.wanted, self.state, self.root])
         if not out.startswith("pinned"):
-            self.warn(f"governor {self.wanted} not pinned ({out or 'no answer'}); measuring with the device's "
-                      "own governor")
+            self.warn(
+                f"governor {self.wanted} not pinned ({out or 'no answer'}); measuring with the device's own governor"
+            )
             out = f"not pinned: {out}"
         self.provenance = {"governor": out}
         return self
@@ -95,7 +96,7 @@ class Governor(Condition):
         if self.provenance.get("governor", "").startswith("pinned"):
             try:
                 self._cmd(["restore", self.state, self.root])
-            except Exception:          # noqa: BLE001
+            except Exception:  # noqa: BLE001
                 if exc[0] is None:
                     raise
         return False

@@ -32,7 +32,7 @@ class HostCPUs:
         self._measuring: str | None = None
         self._workers = 0
         self._waiting_measures = 0
-        self._log: list[tuple[str, float, float | None]] = []     # (label, start, end) in host time
+        self._log: list[tuple[str, float, float | None]] = []  # (label, start, end) in host time
 
     def _enter(self, label: str) -> list:
         entry = [label, time.time(), None]
@@ -95,11 +95,19 @@ class HostCPUs:
 class HostWork:
     """What every lane shares; thread-safe, each piece made once per key."""
 
-    def __init__(self, source_spec: str | None, models: dict[str, str], recipe_dir: Path, events, jobs=None,
-                 imatrix: dict | None = None, lora: dict | None = None):
+    def __init__(
+        self,
+        source_spec: str | None,
+        models: dict[str, str],
+        recipe_dir: Path,
+        events,
+        jobs=None,
+        imatrix: dict | None = None,
+        lora: dict | None = None,
+    ):
         self.source_spec, self.model_specs, self.recipe_dir = source_spec, models, recipe_dir
-        self.imatrix_specs = imatrix or {}          # model -> recipes.ImatrixSpec
-        self.lora_specs = lora or {}                # model -> a LoRA adapter source
+        self.imatrix_specs = imatrix or {}  # model -> recipes.ImatrixSpec
+        self.lora_specs = lora or {}  # model -> a LoRA adapter source
         self.ev, self.jobs = events, jobs
         self.cpu = HostCPUs()
         self._locks: dict = {}
@@ -125,20 +133,26 @@ class HostWork:
 
     def model_source(self, name: str) -> store.ModelSource:
         def make():
-            with self.cpu.work(f"model {name}"):     # a conversion or a download: host work
+            with self.cpu.work(f"model {name}"):  # a conversion or a download: host work
                 ms = store.resolve_model(self.model_specs[name], self.src, progress=self.ev.progress)
             lora = self.lora_specs.get(name)
             if not lora:
                 return ms
             if ms.checkpoint is None:
-                raise DevicelabError(f"model {name}: a LoRA adapter goes on a safetensors checkpoint (a Hugging Face "
-                                     "folder or an hf: repo of one), not on a GGUF file")
+                raise DevicelabError(
+                    f"model {name}: a LoRA adapter goes on a safetensors checkpoint (a Hugging Face "
+                    "folder or an hf: repo of one), not on a GGUF file"
+                )
             folder, prov = store.resolve_adapter(lora)
             with self.cpu.work(f"LoRA into {name}"):
                 self.ev.stage(f"merging the LoRA adapter {folder.name} into {name}")
-                merged = convert.merge_lora(ms.path, convert.lora_to_gguf(folder, ms.checkpoint, self.src),
-                                            self.host_build().tool("llama-export-lora"))
+                merged = convert.merge_lora(
+                    ms.path,
+                    convert.lora_to_gguf(folder, ms.checkpoint, self.src),
+                    self.host_build().tool("llama-export-lora"),
+                )
             return store.ModelSource(merged, {**ms.provenance, "lora": prov}, ms.checkpoint)
+
         return self.once(("model", name), make)
 
     def model_path(self, name: str) -> Path:
@@ -153,12 +167,13 @@ class HostWork:
     # ---- builds made here ----
     def build(self, tgt: targets.Target) -> buildcache.Build:
         def make():
-            hit = buildcache.find(self.src, tgt)       # a cached build is no work: no waiting for the CPUs
+            hit = buildcache.find(self.src, tgt)  # a cached build is no work: no waiting for the CPUs
             if hit:
                 return hit
             self.ev.stage(f"llama.cpp build for {tgt.name}")
             with self.cpu.work(f"build {tgt.name}"):
                 return buildcache.ensure(self.src, tgt, jobs=self.jobs, progress=self.ev.build_progress)
+
         return self.once(("build", tgt.name, json.dumps(tgt.cmake_flags(), sort_keys=True), tgt.tools), make)
 
     def host_build(self) -> buildcache.Build:
@@ -169,6 +184,7 @@ class HostWork:
         def make():
             hb = self.host_build()
             return Ladder(model, self.model_path(model), hb.tool("llama-quantize"), {"quantized_with_build": hb.key})
+
         return self.once(("ladder", model), make)
 
     def imatrix(self, model: str):
@@ -184,6 +200,7 @@ class HostWork:
             with self.cpu.work(f"imatrix {model}"):
                 self.ev.stage(f"importance matrix of {model} ({spec.chunks} chunks of {spec.ctx} from {text.name})")
                 return lad.imatrix(self.host_build().tool("llama-imatrix"), text, spec.chunks, spec.ctx)
+
         return self.once(("imatrix", model), make)
 
     def quant(self, model: str, quant: str):
@@ -195,17 +212,20 @@ class HostWork:
                 return lad.quant(quant, imatrix=im)
             with self.cpu.work(f"quantize {model} {quant}"):
                 return lad.quant(quant, imatrix=im)
-        with self._lock(("ladder-ops", model)):      # base and quants of one model share files
+
+        with self._lock(("ladder-ops", model)):  # base and quants of one model share files
             return self.once(("quant", model, quant), make)
 
     def base(self, model: str):
         lad = self.ladder(model)
         with self._lock(("ladder-ops", model)):
+
             def make():
                 if lad.has_base():
                     return lad.base()
                 with self.cpu.work(f"F16 base of {model}"):
                     return lad.base()
+
             return self.once(("base", model), make)
 
     # ---- the kinds' own host work ----

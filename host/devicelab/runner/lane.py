@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import DevicelabError, RetryableError
 
-if TYPE_CHECKING:                                   # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover
     from contextlib import AbstractContextManager
 
     from ..build.cache import Build
@@ -77,7 +77,7 @@ class Events:
 
     def stage(self, text: str) -> None: ...
     def build_progress(self, pct: float, line: str) -> None: ...
-    def progress(self, what: str, pct: float) -> None: ...     # a long host step: a conversion, a download
+    def progress(self, what: str, pct: float) -> None: ...  # a long host step: a conversion, a download
     def cells(self, total: int) -> None: ...
     def lane(self, device: str, text: str) -> None: ...
     def cell_start(self, cell: Cell) -> None: ...
@@ -86,8 +86,7 @@ class Events:
 
 def protocol_calls(proto: type) -> frozenset[str]:
     """The public methods a Protocol (or the Events base) declares: what a relay of it may carry."""
-    return frozenset(n for n, v in vars(proto).items()
-                     if not n.startswith("_") and inspect.isfunction(v))
+    return frozenset(n for n, v in vars(proto).items() if not n.startswith("_") and inspect.isfunction(v))
 
 
 EVENT_CALLS = protocol_calls(Events)
@@ -104,8 +103,17 @@ def one_line(e: BaseException) -> str:
 class Lane:
     """One device's cells, in order."""
 
-    def __init__(self, device: Device, cells: list[Cell], run_id: str, ledger: LaneLedger, host: HostServices,
-                 events: Events, telemetry: TelemetrySpec, stop: threading.Event):
+    def __init__(
+        self,
+        device: Device,
+        cells: list[Cell],
+        run_id: str,
+        ledger: LaneLedger,
+        host: HostServices,
+        events: Events,
+        telemetry: TelemetrySpec,
+        stop: threading.Event,
+    ):
         self.device, self.cells, self.run_id, self.ledger, self.host = device, cells, run_id, ledger, host
         self.ev, self.telemetry, self.stop = events, telemetry, stop
         self.ran = 0
@@ -137,8 +145,9 @@ class Lane:
                         break
                     gone = self._one(s, c)
                     if gone:
-                        self._fail(todo, f"{name}: the device went away ({gone}); run again once it is back",
-                                   retryable=True)
+                        self._fail(
+                            todo, f"{name}: the device went away ({gone}); run again once it is back", retryable=True
+                        )
                         todo = []
         except Exception as e:  # noqa: BLE001 - setup (connect, kit, facts, target, build) or teardown
             why = f"{name}: {one_line(e)}"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .lane import Events, Lane
 
-if TYPE_CHECKING:                                   # pragma: no cover
+if TYPE_CHECKING:  # pragma: no cover
     from ..lab import Device
     from ..ledger import Ledger
     from ..plan import Cell
@@ -36,6 +36,7 @@ class RunReport:
 class RunSetup:
     """What a placement is given to run lanes with: the one ledger, the host's shared work (and the arguments
     that make it, for a head that makes its own), the event sink, the recipe's telemetry settings."""
+
     ledger: Ledger
     ledger_path: Path
     host: HostWork
@@ -76,7 +77,7 @@ class LocalPlacement:
                     lane.thread.join(0.2)
         except KeyboardInterrupt:
             stop.set()
-            for lane in self.lanes:            # stop the running payloads; each lane puts its device back
+            for lane in self.lanes:  # stop the running payloads; each lane puts its device back
                 if lane.session is not None:
                     lane.session.interrupt()
             deadline = time.time() + 120

@@ -75,8 +75,9 @@ class Link:
     def same_build_as_host(self) -> bool:
         """It runs this host's own build on this host's CPUs: a device-vs-host logit check would compare a
         file with itself."""
-        return bool(self.t is not None and self.t.measures_on_host and not self.device.exec_prefix
-                    and not self.device.target)
+        return bool(
+            self.t is not None and self.t.measures_on_host and not self.device.exec_prefix and not self.device.target
+        )
 
     def push(self, path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
         """A file into the device's verified cache. Sending it is host-side work (the host reads, encrypts
@@ -91,7 +92,7 @@ class Link:
     def alive(self) -> bool:
         try:
             return self.t.run(["true"], timeout=30).rc == 0
-        except Exception:          # noqa: BLE001 - any failure to reach it means it is gone
+        except Exception:  # noqa: BLE001 - any failure to reach it means it is gone
             return False
 
     def stop(self, remote: str, timeout: float | None = None) -> None:
@@ -111,16 +112,16 @@ class Builds:
         self.tools_needed = set(tools_needed)
         self.target = None
         self.default_backend = backendsmod.CPU
-        self.default = None                  # the build of the default backend
-        self._by_backend: dict = {}          # backend -> its build, or the SkipCell saying why it cannot be
-        self.gpu_devices: dict = {}          # backend -> [(name, description)] its build sees
+        self.default = None  # the build of the default backend
+        self._by_backend: dict = {}  # backend -> its build, or the SkipCell saying why it cannot be
+        self.gpu_devices: dict = {}  # backend -> [(name, description)] its build sees
 
     def open(self, warn) -> None:
         link = self.link
         tgt, warnings = target_for(link.t, link.device, link.facts)
         for w in warnings:
             warn(w)
-        if self.tools_needed - set(tgt.tools):         # a kind needs a tool the target does not list
+        if self.tools_needed - set(tgt.tools):  # a kind needs a tool the target does not list
             tgt = dataclasses.replace(tgt, tools=tuple(sorted(set(tgt.tools) | self.tools_needed)))
         self.target, self.default_backend = tgt, backendsmod.default_backend(tgt)
         self.default = self._make(tgt, stage=True)
@@ -129,6 +130,7 @@ class Builds:
         self.ev.lane(self.link.name, f"llama.cpp build ({tgt.name})")
         if tgt.where == "device":
             from ..build import remote
+
             if stage:
                 self.ev.stage(f"llama.cpp native build on {self.link.name} ({tgt.name})")
             return remote.ensure(self.link.t, self.host.src, tgt, jobs=self.host.jobs)
@@ -167,17 +169,21 @@ class Builds:
         """The devices a backend's build sees on this device (`--list-devices`, printed synchronously: unlike
         the tools' logs, never lost at exit). None seen: the cells of that backend are skipped, with the list."""
         build, d = self._by_backend[backend], self.link.device
-        tool = next((t for t in ("llama-bench", "llama-perplexity", "llama-server") if t in build.manifest["tools"]),
-                    None)
+        tool = next(
+            (t for t in ("llama-bench", "llama-perplexity", "llama-server") if t in build.manifest["tools"]), None
+        )
         if tool is None:
             return []
-        r = self.link.t.run([*d.exec_prefix, self.tool(tool, backend), "--list-devices"], timeout=120,
-                            env=d.env or None)
+        r = self.link.t.run(
+            [*d.exec_prefix, self.tool(tool, backend), "--list-devices"], timeout=120, env=d.env or None
+        )
         devs = [x for x in backendsmod.parse_devices(r.stdout) if not x[0].upper().startswith("CPU")]
         if not devs:
-            raise SkipCell(f"the {backend} build of {self.link.name} sees no {backend} device ("
-                           + (r.stdout.strip().replace("\n", "; ")[:160] or f"exit {r.rc}")
-                           + f"); {backendsmod.NO_DEVICE_HINT.get(backend, '')}")
+            raise SkipCell(
+                f"the {backend} build of {self.link.name} sees no {backend} device ("
+                + (r.stdout.strip().replace("\n", "; ")[:160] or f"exit {r.rc}")
+                + f"); {backendsmod.NO_DEVICE_HINT.get(backend, '')}"
+            )
         return devs
 
     def tool(self, name: str, backend: str | None = None) -> str:
@@ -186,7 +192,7 @@ class Builds:
         if name not in build.manifest["tools"]:
             raise SkipCell(f"the {build.manifest['target']} build has no {name}")
         if build.manifest.get("where") == "device":
-            return build.tool(name)                       # built on the device, already there
+            return build.tool(name)  # built on the device, already there
         return self.link.push(build.tool(name), build.manifest["tools"][name], mode="755", name=name)
 
 
@@ -201,7 +207,7 @@ class DeviceConditions:
         self.budget = budgetmod.Budget(None, "unknown", "")
         self.battery_wh: float | None = None
         self.battery_source = ""
-        self.provenance: dict = {}          # device-wide conditions (the governor pin)
+        self.provenance: dict = {}  # device-wide conditions (the governor pin)
         self.sources: sources.DeviceSources | None = None
         self._warned: set[str] = set()
 
@@ -213,9 +219,16 @@ class DeviceConditions:
 
     def open_sources(self) -> None:
         link, led = self.link, self.ledger
-        self.sources = sources.open_on(sources.DeviceAccess(
-            link.name, link.t, fact=lambda k: led.device_fact(link.name, k),
-            set_fact=lambda k, v: led.set_device_fact(link.name, k, v), note=self.ev.stage, warn=self.warn))
+        self.sources = sources.open_on(
+            sources.DeviceAccess(
+                link.name,
+                link.t,
+                fact=lambda k: led.device_fact(link.name, k),
+                set_fact=lambda k, v: led.set_device_fact(link.name, k, v),
+                note=self.ev.stage,
+                warn=self.warn,
+            )
+        )
 
     def pin_governor(self, stack: ExitStack) -> None:
         d = self.link.device
@@ -246,9 +259,11 @@ class DeviceConditions:
             self.ledger.set_device_fact(name, "idle-baseline", {"c": now, "at": time.time()})
             return now
         if fresh is not None:
-            self.ev.stage(f"{name}: idle baseline {fresh['c']:.1f} °C, measured "
-                          f"{(time.time() - fresh['at']) / 60:.0f} min ago (now "
-                          + (f"{now:.1f} °C)" if now is not None else "unreadable)"))
+            self.ev.stage(
+                f"{name}: idle baseline {fresh['c']:.1f} °C, measured "
+                f"{(time.time() - fresh['at']) / 60:.0f} min ago (now "
+                + (f"{now:.1f} °C)" if now is not None else "unreadable)")
+            )
             return fresh["c"]
         return now
 
@@ -260,12 +275,17 @@ class DeviceConditions:
         if d.ram_budget_bytes or now.bytes is None:
             return now
         old = self.ledger.device_fact(name, "ram-budget")
-        fresh = (old if old and time.time() - old.get("at", 0) < BASELINE_MAX_AGE_S and old.get("source") == now.source
-                 else None)
+        fresh = (
+            old
+            if old and time.time() - old.get("at", 0) < BASELINE_MAX_AGE_S and old.get("source") == now.source
+            else None
+        )
         if fresh and fresh["bytes"] > now.bytes:
-            return budgetmod.Budget(fresh["bytes"], fresh["source"],
-                                    f"{fresh['detail']}, {(time.time() - fresh['at']) / 60:.0f} min ago "
-                                    f"(now {budgetmod.gib(now.bytes)})")
+            return budgetmod.Budget(
+                fresh["bytes"],
+                fresh["source"],
+                f"{fresh['detail']}, {(time.time() - fresh['at']) / 60:.0f} min ago (now {budgetmod.gib(now.bytes)})",
+            )
         self.ledger.set_device_fact(name, "ram-budget", {**now.to_json(), "at": time.time()})
         return now
 
@@ -285,11 +305,17 @@ class DeviceConditions:
         waited = time.time() - t0
         goal = f"baseline {baseline:.1f} °C + {spec.cooldown_delta_c:g}"
         if now is not None and now > limit:
-            self.ev.stage(f"warning: {self.link.name} still at {now:.1f} °C after {waited:.0f} s ({goal}): "
-                          "measuring warm; raise telemetry.cooldown_timeout_s to wait longer")
+            self.ev.stage(
+                f"warning: {self.link.name} still at {now:.1f} °C after {waited:.0f} s ({goal}): "
+                "measuring warm; raise telemetry.cooldown_timeout_s to wait longer"
+            )
             return Row(metric="cooldown_wait", value=waited, phase="cell", test=f"timed out at {now:.1f} °C ({goal})")
-        return Row(metric="cooldown_wait", value=waited, phase="cell",
-                   test=f"reached {now:.1f} °C ({goal})" if now is not None else "thermal zone unreadable")
+        return Row(
+            metric="cooldown_wait",
+            value=waited,
+            phase="cell",
+            test=f"reached {now:.1f} °C ({goal})" if now is not None else "thermal zone unreadable",
+        )
 
 
 # ==================================================================== the session
@@ -303,12 +329,12 @@ class DeviceSession:
         self.link = Link(device, host)
         self.builds = Builds(self.link, host, events, tools)
         self.conditions = DeviceConditions(self.link, ledger, events, telemetry)
-        self.current_remote: str | None = None      # the running cell's device folder (for interrupt)
+        self.current_remote: str | None = None  # the running cell's device folder (for interrupt)
         self._stack = ExitStack()
 
     def __enter__(self):
         try:
-            with self.host.cpu.activity(f"{self.name} setup"):    # in every overlapping row's host_activity
+            with self.host.cpu.activity(f"{self.name} setup"):  # in every overlapping row's host_activity
                 self._open()
         except BaseException:
             self._stack.close()
@@ -370,5 +396,5 @@ class DeviceSession:
             return
         try:
             self.link.stop(remote, timeout=10)
-        except Exception:          # noqa: BLE001 - best effort: the device may be gone already
+        except Exception:  # noqa: BLE001 - best effort: the device may be gone already
             pass

@@ -26,12 +26,12 @@ NO_CPU_CLOCK = f"no {sources.said('cpu_clock')} readable on this device"
 
 @dataclass
 class Phase:
-    name: str            # e.g. "pp64" or "cell"
-    kind: str            # prefill | decode | pg | perplexity | cell
-    start: float         # device clock, s
+    name: str  # e.g. "pp64" or "cell"
+    kind: str  # prefill | decode | pg | perplexity | cell
+    start: float  # device clock, s
     end: float
     tokens: int = 0
-    reps: int = 0        # timed repetitions inside the window (pg tests: one prompt each)
+    reps: int = 0  # timed repetitions inside the window (pg tests: one prompt each)
 
 
 @dataclass
@@ -74,7 +74,7 @@ def gpu_rows(tr: SamplerTrace, beside: dict | None = None) -> list[Row]:
     mean clock. What no source gives is NaN with the reason."""
     beside = beside or {}
     vals: dict[str, tuple[float, str]] = {}
-    for s in SOURCES:                                       # a later source's figure replaces an earlier's
+    for s in SOURCES:  # a later source's figure replaces an earlier's
         vals.update(s.gpu(tr, beside.get(s.name)))
     out = []
     for m in ("gpu_power_mean", "gpu_energy", "gpu_mem_peak", "gpu_busy_mean", "gpu_temp_max", "gpu_freq_mean"):
@@ -93,8 +93,15 @@ def _peak_rss(tr: SamplerTrace) -> list[Row]:
     vals = pd.concat([pd.to_numeric(df[c], errors="coerce") for c in hwm]).dropna() if hwm else pd.Series(dtype=float)
     if len(vals):
         return [Row(metric="peak_rss", value=float(vals.max()) * 1024, phase="cell", n=int(len(df)))]
-    return [missing("peak_rss", "payload exited before the sampler's first read of /proc/PID/status"
-                    if hwm else "sampler had no payload pid", phase="cell")]
+    return [
+        missing(
+            "peak_rss",
+            "payload exited before the sampler's first read of /proc/PID/status"
+            if hwm
+            else "sampler had no payload pid",
+            phase="cell",
+        )
+    ]
 
 
 def _temperatures(tr: SamplerTrace) -> tuple[list[Row], float | None, float | None]:
@@ -102,9 +109,15 @@ def _temperatures(tr: SamplerTrace) -> tuple[list[Row], float | None, float | No
     if not len(hottest):
         return [missing(m, NO_TEMPERATURE, phase="cell") for m in ("temp_start", "temp_end", "temp_max")], None, None
     t_start, t_end = float(hottest.iloc[0]), float(hottest.iloc[-1])
-    return [Row(metric="temp_start", value=t_start, phase="cell"),
+    return (
+        [
+            Row(metric="temp_start", value=t_start, phase="cell"),
             Row(metric="temp_end", value=t_end, phase="cell"),
-            Row(metric="temp_max", value=float(hottest.max()), phase="cell")], t_start, t_end
+            Row(metric="temp_max", value=float(hottest.max()), phase="cell"),
+        ],
+        t_start,
+        t_end,
+    )
 
 
 def _cpu_clock(tr: SamplerTrace, beside: dict) -> tuple[list[Row], bool | None]:
@@ -117,12 +130,15 @@ def _cpu_clock(tr: SamplerTrace, beside: dict) -> tuple[list[Row], bool | None]:
             mean_t = v.dropna()
             break
     if not len(mean_t):
-        return [missing("cpu_freq_mean", NO_CPU_CLOCK, phase="cell"),
-                missing("cpu_freq_min", NO_CPU_CLOCK, phase="cell")], None
+        return [
+            missing("cpu_freq_mean", NO_CPU_CLOCK, phase="cell"),
+            missing("cpu_freq_min", NO_CPU_CLOCK, phase="cell"),
+        ], None
     q = max(1, len(mean_t) // 4)
-    return [Row(metric="cpu_freq_mean", value=float(mean_t.mean()), phase="cell", n=len(mean_t)),
-            Row(metric="cpu_freq_min", value=float(mean_t.min()), phase="cell", n=len(mean_t))], \
-        bool(mean_t.iloc[-q:].mean() < 0.9 * mean_t.iloc[:q].mean())
+    return [
+        Row(metric="cpu_freq_mean", value=float(mean_t.mean()), phase="cell", n=len(mean_t)),
+        Row(metric="cpu_freq_min", value=float(mean_t.min()), phase="cell", n=len(mean_t)),
+    ], bool(mean_t.iloc[-q:].mean() < 0.9 * mean_t.iloc[:q].mean())
 
 
 def _phase_energy(src: Energy | None, ph: Phase) -> list[Row]:
@@ -139,12 +155,17 @@ def _phase_energy(src: Energy | None, ph: Phase) -> list[Row]:
     if ph.tokens:
         rows.append(Row(metric="energy_per_token", value=e / ph.tokens, **kw))
     if ph.kind == "pg" and ph.reps:
-        rows.append(Row(metric="wh_per_prompt", value=e / ph.reps / 3600, **kw))   # the seeds' energy per instruction
+        rows.append(Row(metric="wh_per_prompt", value=e / ph.reps / 3600, **kw))  # the seeds' energy per instruction
     return rows
 
 
-def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, float] | None,
-              beside: dict | None = None, prior_calibration: dict | None = None) -> Summary:
+def summarize(
+    tr: SamplerTrace,
+    phases: list[Phase],
+    cell_window: tuple[float, float] | None,
+    beside: dict | None = None,
+    prior_calibration: dict | None = None,
+) -> Summary:
     """Rows of one cell from the sampler's trace; `beside`: the samples of the sources run beside the payload
     for its whole life (sources.read_pulled), which supply the energy, clock and thermal state where there is
     no sysfs."""
@@ -158,7 +179,7 @@ def summarize(tr: SamplerTrace, phases: list[Phase], cell_window: tuple[float, f
         rows += more
         throttled = True if rose else throttled
     src = power_source(tr, prior_calibration)
-    if src is None:                                   # the whole cell's energy from a source beside the payload
+    if src is None:  # the whole cell's energy from a source beside the payload
         for s in SOURCES:
             whole = s.cell_energy(beside.get(s.name), phases)
             if whole is not None:

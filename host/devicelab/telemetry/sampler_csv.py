@@ -11,13 +11,13 @@ import pandas as pd
 
 @dataclass
 class SamplerTrace:
-    frame: pd.DataFrame                 # columns: tick, t_s (device clock, s) + one per source path
-    meta: dict = field(default_factory=dict)   # source path -> {k: v} (its kind, type, counter range, …)
+    frame: pd.DataFrame  # columns: tick, t_s (device clock, s) + one per source path
+    meta: dict = field(default_factory=dict)  # source path -> {k: v} (its kind, type, counter range, …)
     interval_s: float = 0.1
     clock: str = "proc"
-    pace: str = ""                      # "readt" (no process per tick) or "sleep"; "" = not recorded
-    pace_via: str = ""                  # the shell the sampler moved itself to for `read -t` ("" = the one started)
-    reader: str = ""                    # who read the files: "awk" (one long-lived process) or "sh"
+    pace: str = ""  # "readt" (no process per tick) or "sleep"; "" = not recorded
+    pace_via: str = ""  # the shell the sampler moved itself to for `read -t` ("" = the one started)
+    reader: str = ""  # who read the files: "awk" (one long-lived process) or "sh"
 
     def columns(self, pattern: str) -> list[str]:
         rx = re.compile(pattern)
@@ -58,7 +58,7 @@ def parse(text: str) -> SamplerTrace:
     df = pd.read_csv(io.StringIO("\n".join(body)), dtype=str, keep_default_na=False)
     out = pd.DataFrame({"tick": pd.to_numeric(df["tick"], errors="coerce")})
     t = pd.to_numeric(df["t_s"], errors="coerce")
-    if t.isna().all():          # no sub-second clock on this device: reconstruct from the tick count
+    if t.isna().all():  # no sub-second clock on this device: reconstruct from the tick count
         t = out["tick"] * interval
     out["t_s"] = t
     for c in df.columns[2:]:

@@ -19,9 +19,9 @@ def temp_to_c(v: float) -> float:
 def voltage_to_v(v: float) -> float:
     a = abs(v)
     if a >= 1e5:
-        return v / 1e6     # µV (sysfs standard)
+        return v / 1e6  # µV (sysfs standard)
     if a >= 100:
-        return v / 1e3     # mV
+        return v / 1e3  # mV
     return v
 
 
@@ -41,7 +41,7 @@ def interp_energy(t: np.ndarray, e: np.ndarray, a: float, b: float) -> float:
 
 def integrate_power(t: np.ndarray, p: np.ndarray, a: float, b: float) -> float:
     """∫ P dt over [a, b] by the trapezoid rule on the samples, interpolating at the edges."""
-    ok = ~np.isnan(p)                 # a tick whose read failed (a busy I2C sensor) is left out, not taken as 0
+    ok = ~np.isnan(p)  # a tick whose read failed (a busy I2C sensor) is left out, not taken as 0
     t, p = t[ok], p[ok]
     if b <= a or len(t) < 2:
         return float("nan")

@@ -13,8 +13,10 @@ def open_transport(device) -> Transport:
         return LocalTransport(device.name, root=device.workdir)
     if kind == "ssh":
         from .ssh import SSHTransport  # imported lazily: paramiko only when needed
+
         return SSHTransport.from_device(device)
     if kind == "adb":
         from .adb import ADBTransport
+
         return ADBTransport.from_device(device)
     raise ValueError(f"unknown transport {kind!r}")

@@ -24,14 +24,22 @@ from adbutils import AdbClient, AdbError, AdbTimeout
 from ..errors import DevicelabError, RetryableError
 from .base import CommandResult, Transport, shell_command
 
-CLI_MIN_BYTES = 8 << 20     # larger pushes go through the `adb` client binary when it matches the server
-WORKDIR = "/data/local/tmp/devicelab"     # not shared storage: mmap from /sdcard is slow (FUSE)
+CLI_MIN_BYTES = 8 << 20  # larger pushes go through the `adb` client binary when it matches the server
+WORKDIR = "/data/local/tmp/devicelab"  # not shared storage: mmap from /sdcard is slow (FUSE)
 _EXIT = "DEVICELAB_EXIT:"
 
 
 class ADBTransport(Transport):
-    def __init__(self, name: str, serial: str | None, adb_host: str = "127.0.0.1", adb_port: int = 5037,
-                 workdir: str | None = None, reconnect_tries: int = 3, reconnect_wait: float = 1.0):
+    def __init__(
+        self,
+        name: str,
+        serial: str | None,
+        adb_host: str = "127.0.0.1",
+        adb_port: int = 5037,
+        workdir: str | None = None,
+        reconnect_tries: int = 3,
+        reconnect_wait: float = 1.0,
+    ):
         self.name = name
         self.serial = serial
         self.client = AdbClient(host=adb_host, port=adb_port, socket_timeout=30)
@@ -44,13 +52,15 @@ class ADBTransport(Transport):
     def default_target(self, device, facts):
         """The NDK build (arm64-v8a) where an NDK is set, else the static aarch64 Linux build, with a warning."""
         from ..build import targets
+
         feats = set((facts.get("cpu.features") or "").split())
         ndk = targets.find_ndk()
         if ndk:
             return targets.android_ndk(ndk, feats), []
         return targets.aarch64_cross_static(feats), [
             "no Android NDK (set ANDROID_NDK_HOME): the phone gets a static aarch64 Linux build, which runs on "
-            "Android's kernel but misses NDK-only paths (bionic, Android's libc++ and its CPU feature detection)"]
+            "Android's kernel but misses NDK-only paths (bionic, Android's libc++ and its CPU feature detection)"
+        ]
 
     @classmethod
     def from_device(cls, d) -> "ADBTransport":
@@ -63,20 +73,24 @@ class ADBTransport(Transport):
                 if info.serial == self.serial:
                     return info.state
         except (AdbError, OSError) as e:
-            raise DevicelabError(f"cannot talk to the adb server at {self.client.host}:{self.client.port} ({e}); "
-                                 "start it with `adb start-server`") from e
+            raise DevicelabError(
+                f"cannot talk to the adb server at {self.client.host}:{self.client.port} ({e}); "
+                "start it with `adb start-server`"
+            ) from e
         return None
 
     def connect(self) -> None:
         if self.serial is None:
             devs = [i for i in self.client.list() if i.state == "device"]
             if len(devs) != 1:
-                raise DevicelabError(f"device {self.name!r} has no serial and {len(devs)} phones are attached; "
-                                     "set serial: in the lab file (see `adb devices`)")
+                raise DevicelabError(
+                    f"device {self.name!r} has no serial and {len(devs)} phones are attached; "
+                    "set serial: in the lab file (see `adb devices`)"
+                )
             self.serial = devs[0].serial
         for attempt in range(self.tries + 1):
             st = self._state()
-            if st is None and ":" in self.serial:            # Wi-Fi adb: host:port
+            if st is None and ":" in self.serial:  # Wi-Fi adb: host:port
                 try:
                     self.client.connect(self.serial, timeout=10)
                 except (AdbError, AdbTimeout, OSError):
@@ -90,8 +104,10 @@ class ADBTransport(Transport):
                     self.v2 = False
                 return
             if st == "unauthorized":
-                raise DevicelabError(f"phone {self.serial} ({self.name}) is unauthorized: unlock it and accept the "
-                                     "'Allow USB debugging?' prompt (tick 'Always allow'), then run again")
+                raise DevicelabError(
+                    f"phone {self.serial} ({self.name}) is unauthorized: unlock it and accept the "
+                    "'Allow USB debugging?' prompt (tick 'Always allow'), then run again"
+                )
             if attempt < self.tries:
                 if st == "offline" and ":" in self.serial:
                     try:
@@ -100,8 +116,10 @@ class ADBTransport(Transport):
                         pass
                 time.sleep(self.wait * (attempt + 1))
         what = "offline" if st == "offline" else "not connected"
-        raise RetryableError(f"phone {self.serial} ({self.name}) is {what} after {self.tries} reconnect tries; "
-                             "check the cable / Wi-Fi and `adb devices`, then run again")
+        raise RetryableError(
+            f"phone {self.serial} ({self.name}) is {what} after {self.tries} reconnect tries; "
+            "check the cable / Wi-Fi and `adb devices`, then run again"
+        )
 
     def close(self) -> None:
         self.dev = None
@@ -116,8 +134,14 @@ class ADBTransport(Transport):
         return RetryableError(f"lost phone {self.serial} ({self.name}) while {what}: {e}")
 
     # ---------------------------------------------------------------- commands
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
-            env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         cmd = shell_command(argv, cwd=cwd, env=env)
         d = self._d()
         try:
@@ -133,7 +157,7 @@ class ADBTransport(Transport):
         i = out.rfind(_EXIT)
         if i < 0:
             raise self._lost(RuntimeError("no exit status"), f"running {argv[0]}")
-        return CommandResult(list(argv), int(out[i + len(_EXIT):].strip() or 255), out[:i], "")
+        return CommandResult(list(argv), int(out[i + len(_EXIT) :].strip() or 255), out[:i], "")
 
     # ---------------------------------------------------------------- files
     def adb_cli(self) -> str | None:
@@ -155,12 +179,27 @@ class ADBTransport(Transport):
 
     def put(self, local: Path, remote: str) -> None:
         cli = self.adb_cli() if os.path.getsize(local) >= CLI_MIN_BYTES else None
-        if cli:                                    # `adb push` makes the parent folders itself
-            argv = [cli, "-H", str(self.client.host), "-P", str(self.client.port), "-s", self.serial,
-                    "push", str(local), remote]
+        if cli:  # `adb push` makes the parent folders itself
+            argv = [
+                cli,
+                "-H",
+                str(self.client.host),
+                "-P",
+                str(self.client.port),
+                "-s",
+                self.serial,
+                "push",
+                str(local),
+                remote,
+            ]
             try:
-                r = subprocess.run(argv, capture_output=True, text=True, errors="replace",
-                                   timeout=120 + os.path.getsize(local) / (1 << 20))
+                r = subprocess.run(
+                    argv,
+                    capture_output=True,
+                    text=True,
+                    errors="replace",
+                    timeout=120 + os.path.getsize(local) / (1 << 20),
+                )
             except subprocess.TimeoutExpired as e:
                 raise self._lost(e, f"pushing {Path(local).name}") from e
             if r.returncode != 0:

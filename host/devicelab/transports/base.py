@@ -34,8 +34,10 @@ class CommandResult:
 # sha256 of stdin on the device, first token of the output: OpenSSL where the device has it (SHA
 # extensions: 4× coreutils' sha256sum on this VM, 0.34 s vs 1.35 s for 256 MiB), else sha256sum
 # (coreutils, toybox, busybox), else shasum (macOS without openssl)
-SHA256_STDIN = ("if command -v openssl >/dev/null 2>&1; then openssl dgst -sha256 -r; "
-                "elif command -v sha256sum >/dev/null 2>&1; then sha256sum; else shasum -a 256; fi")
+SHA256_STDIN = (
+    "if command -v openssl >/dev/null 2>&1; then openssl dgst -sha256 -r; "
+    "elif command -v sha256sum >/dev/null 2>&1; then sha256sum; else shasum -a 256; fi"
+)
 
 
 @functools.cache
@@ -50,6 +52,7 @@ def put_script() -> str:
 class Commit:
     """What to do with a put file once the device's sha256 of it equals `sha`: chmod `mode`, rename it
     to `dst`, write `marker`."""
+
     dst: str
     marker: str
     sha: str
@@ -105,8 +108,14 @@ class Transport(ABC):
         pass
 
     @abstractmethod
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
-            env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         """Run argv on the device, wait, return exit code and separate stdout/stderr."""
 
     @abstractmethod
@@ -134,14 +143,17 @@ class Transport(ABC):
         return self.run(["sh", "-c", script, "devicelab", *args], timeout=timeout)
 
     # the text files of one folder in one round trip, each between lines carrying a random token
-    _GET_MANY = ('d=$1; tok=$2; shift 2; for f in "$@"; do [ -f "$d/$f" ] || continue; '
-                 'printf "@@%s %s\\n" "$tok" "$f"; cat "$d/$f"; printf "\\n@@%s\\n" "$tok"; done')
+    _GET_MANY = (
+        'd=$1; tok=$2; shift 2; for f in "$@"; do [ -f "$d/$f" ] || continue; '
+        'printf "@@%s %s\\n" "$tok" "$f"; cat "$d/$f"; printf "\\n@@%s\\n" "$tok"; done'
+    )
 
     def get_many(self, remote_dir: str, names: Sequence[str], local_dir: Path) -> None:
         """Copy the text files `names` that exist in `remote_dir` to `local_dir`, in one round trip (a cell's
         outputs: a remote device pays one command, not one transfer per file); file by file if that fails."""
         import re
         import secrets
+
         tok = secrets.token_hex(8)
         r = self.run(["sh", "-c", self._GET_MANY, "devicelab", remote_dir, tok, *names], timeout=600)
         local_dir.mkdir(parents=True, exist_ok=True)

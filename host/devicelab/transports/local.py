@@ -17,6 +17,7 @@ class LocalTransport(Transport):
 
     def default_target(self, device, facts):
         from ..build import targets
+
         return targets.local_native(), []
 
     def __init__(self, name: str = "local", root: str | None = None):
@@ -27,15 +28,28 @@ class LocalTransport(Transport):
         self._root.mkdir(parents=True, exist_ok=True)
         return str(self._root)
 
-    def run(self, argv: Sequence[str], *, timeout: float | None = None, cwd: str | None = None,
-            env: dict[str, str] | None = None) -> CommandResult:
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> CommandResult:
         full_env = None
         if env:
             full_env = dict(os.environ)
             full_env.update(env)
         try:
-            p = subprocess.run([str(a) for a in argv], capture_output=True, text=True, errors="replace",
-                               timeout=timeout, cwd=cwd, env=full_env)
+            p = subprocess.run(
+                [str(a) for a in argv],
+                capture_output=True,
+                text=True,
+                errors="replace",
+                timeout=timeout,
+                cwd=cwd,
+                env=full_env,
+            )
         except FileNotFoundError as e:
             return CommandResult(list(map(str, argv)), 127, "", f"{e.filename}: not found")
         except subprocess.TimeoutExpired as e:
@@ -49,7 +63,7 @@ class LocalTransport(Transport):
         if dst.exists():
             dst.unlink()
         try:
-            os.link(local, dst)          # same filesystem: no copy, identical bytes
+            os.link(local, dst)  # same filesystem: no copy, identical bytes
         except OSError:
             shutil.copyfile(local, dst)
 

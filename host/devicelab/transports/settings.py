@@ -14,14 +14,14 @@ from ..build.backends import Backend
 class DeviceBase(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1)
-    workdir: str | None = None                   # device folder devicelab owns
+    workdir: str | None = None  # device folder devicelab owns
     ram_budget_bytes: int | None = Field(default=None, gt=0)
-    telemetry_root: str = "/"                    # prefix for sysfs reads (fixture trees in tests)
-    target: Literal["local", "aarch64", "android"] | None = None   # override the target chosen from facts
-    cpu_features: str | None = None              # override /proc/cpuinfo Features for the ARM arch flags
-    exec_prefix: list[str] = []                  # run payload binaries through this (e.g. qemu-aarch64-static)
-    host_cpus: bool | None = None                # its payloads run on this host's CPUs (default: the transport's)
-    governor: str | None = Field(default=None, pattern=r"^[a-z_]+$")   # pin cpufreq (rooted), e.g. performance
+    telemetry_root: str = "/"  # prefix for sysfs reads (fixture trees in tests)
+    target: Literal["local", "aarch64", "android"] | None = None  # override the target chosen from facts
+    cpu_features: str | None = None  # override /proc/cpuinfo Features for the ARM arch flags
+    exec_prefix: list[str] = []  # run payload binaries through this (e.g. qemu-aarch64-static)
+    host_cpus: bool | None = None  # its payloads run on this host's CPUs (default: the transport's)
+    governor: str | None = Field(default=None, pattern=r"^[a-z_]+$")  # pin cpufreq (rooted), e.g. performance
     # the GPU backends this device may be measured on (a recipe's other backends are skipped here), and
     # environment variables for its payloads (GGML_VK_VISIBLE_DEVICES, CUDA_VISIBLE_DEVICES, …)
     backends: list[Backend] | None = None
@@ -40,23 +40,26 @@ class DeviceBase(BaseModel):
 
 class LocalSettings(DeviceBase):
     """This workstation."""
+
     transport: Literal["local"] = "local"
 
 
 class SSHSettings(DeviceBase):
     """A Linux board or a Mac over SSH (paramiko; ~/.ssh/config, agent and ProxyJump honoured)."""
+
     transport: Literal["ssh"]
-    host: str = Field(min_length=1)              # an address or a Host alias from ~/.ssh/config
+    host: str = Field(min_length=1)  # an address or a Host alias from ~/.ssh/config
     port: int | None = Field(default=None, ge=1, le=65535)
     user: str | None = None
     key_file: str | None = None
     known_hosts: str | None = None
     ssh_config: str | None = None
-    cross_build: bool = True                     # build here (True) or natively on the board (False)
+    cross_build: bool = True  # build here (True) or natively on the board (False)
 
 
 class ADBSettings(DeviceBase):
     """An Android phone through the adb server: a USB serial, or host:port for Wi-Fi adb."""
+
     transport: Literal["adb"]
     serial: str | None = None
     adb_host: str = "127.0.0.1"

@@ -29,17 +29,20 @@ from ..errors import DevicelabError, RetryableError
 from .base import CommandResult, Commit, Transport, put_script, quote_argv, shell_command
 
 CHUNK = 1 << 20
-OPENSSH_MIN_BYTES = 8 << 20    # larger pushes go through the system's OpenSSH client when it has one
+OPENSSH_MIN_BYTES = 8 << 20  # larger pushes go through the system's OpenSSH client when it has one
 # device_payloads/put.sh hashes a big push after writing it, or while writing it on a device with this many CPUs
 HASH_WHILE_WRITING_MIN_CPUS = 3
 PREFERRED_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com", "aes128-ctr", "aes256-ctr")
 # for OpenSSH when both ends have AES instructions (x86 AES-NI, ARMv8 crypto extensions, Apple silicon):
 # AES-GCM costs about half of the default chacha20-poly1305 there; where a core lacks them (Raspberry
 # Pi 4's A72) chacha20 is the faster one, so the default order stays
-OPENSSH_AES_FIRST = ("aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,"
-                     "aes128-ctr,aes192-ctr,aes256-ctr")
-_DEVICE_CPU = ('n=$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null); a=0; '
-               'grep -qw aes /proc/cpuinfo 2>/dev/null && a=1; [ "$(uname -s)" = Darwin ] && a=1; echo "${n:-1} $a"')
+OPENSSH_AES_FIRST = (
+    "aes128-gcm@openssh.com,aes256-gcm@openssh.com,chacha20-poly1305@openssh.com,aes128-ctr,aes192-ctr,aes256-ctr"
+)
+_DEVICE_CPU = (
+    "n=$(getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu 2>/dev/null); a=0; "
+    'grep -qw aes /proc/cpuinfo 2>/dev/null && a=1; [ "$(uname -s)" = Darwin ] && a=1; echo "${n:-1} $a"'
+)
 
 
 def host_has_aes() -> bool:
@@ -49,7 +52,7 @@ def host_has_aes() -> bool:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features") and "aes" in value.split():   # x86 / arm64
+                if key.strip() in ("flags", "Features") and "aes" in value.split():  # x86 / arm64
                     return True
     except OSError:
         pass
@@ -58,9 +61,13 @@ def host_has_aes() -> bool:
 
 class _FastTransport(paramiko.Transport):
     """GCM ciphers first: no separate HMAC pass, ~30% faster in paramiko (measured: bench/push_throughput.py)."""
-    _preferred_ciphers = PREFERRED_CIPHERS + tuple(c for c in paramiko.Transport._preferred_ciphers
-                                                   if c not in PREFERRED_CIPHERS)
-WINDOW = 1 << 27          # a large channel window: paramiko's 2 MiB default starves fast links
+
+    _preferred_ciphers = PREFERRED_CIPHERS + tuple(
+        c for c in paramiko.Transport._preferred_ciphers if c not in PREFERRED_CIPHERS
+    )
+
+
+WINDOW = 1 << 27  # a large channel window: paramiko's 2 MiB default starves fast links
 
 
 def _known_hosts_entry(host: str, port: int) -> str:
@@ -72,9 +79,18 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 
 class SSHTransport(Transport):
-    def __init__(self, name: str, host: str, port: int | None = None, user: str | None = None,
-                 key_file: str | None = None, known_hosts: str | None = None, ssh_config: str | None = None,
-                 workdir: str | None = None, connect_timeout: float = 15.0):
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int | None = None,
+        user: str | None = None,
+        key_file: str | None = None,
+        known_hosts: str | None = None,
+        ssh_config: str | None = None,
+        workdir: str | None = None,
+        connect_timeout: float = 15.0,
+    ):
         self.name = name
         self.alias = host
         cfg = {}
@@ -94,7 +110,7 @@ class SSHTransport(Transport):
         self.client: paramiko.SSHClient | None = None
         self._jump: paramiko.SSHClient | None = None
         self._cpu: tuple[int, bool] | None = None
-        self._mux: str | None = None      # folder of the OpenSSH control socket, once a big push made one
+        self._mux: str | None = None  # folder of the OpenSSH control socket, once a big push made one
 
     def default_target(self, device, facts):
         """Boards: a static aarch64 cross-build here (or a native build on the board, cross_build: false);
@@ -103,19 +119,21 @@ class SSHTransport(Transport):
 
         from ..build import cache as buildcache
         from ..build import targets
+
         feats = set((facts.get("cpu.features") or "").split())
         arch, uname = facts.get("arch", ""), facts.get("uname", "")
         darwin = "Darwin" in uname
         if not device.cross_build:
             return targets.native_on_device(arch or "aarch64", "darwin" if darwin else "linux"), []
         if arch == platform.machine() and "Linux" in uname and set(buildcache.cpu_features()) <= feats:
-            return targets.local_native(), []   # same arch and every CPU feature of this host: its build runs there
+            return targets.local_native(), []  # same arch and every CPU feature of this host: its build runs there
         if darwin:
             return targets.macos_metal(), []
         if arch in ("aarch64", "arm64"):
             return targets.aarch64_cross_static(feats), []
-        raise DevicelabError(f"no build target for {self.name} ({uname}); supported: x86-64 like this host, "
-                             "aarch64 Linux, macOS")
+        raise DevicelabError(
+            f"no build target for {self.name} ({uname}); supported: x86-64 like this host, aarch64 Linux, macOS"
+        )
 
     def host_key(self):
         try:
@@ -150,19 +168,34 @@ class SSHTransport(Transport):
             jhost = self.proxy_jump.split(",")[0]
             juser, _, jhp = jhost.rpartition("@")
             jh, _, jp = jhp.partition(":")
-            jt = SSHTransport(f"{self.name} (jump {jhost})", jh, int(jp) if jp else None, juser or None,
-                              key_file=self.key_files[0] if self.key_files else None,
-                              known_hosts=self.known_hosts, ssh_config=self.ssh_config)
+            jt = SSHTransport(
+                f"{self.name} (jump {jhost})",
+                jh,
+                int(jp) if jp else None,
+                juser or None,
+                key_file=self.key_files[0] if self.key_files else None,
+                known_hosts=self.known_hosts,
+                ssh_config=self.ssh_config,
+            )
             jt.connect()
             self._jump = jt.client
             sock = self._jump.get_transport().open_channel("direct-tcpip", (self.host, self.port), ("127.0.0.1", 0))
         c = self._client()
         entry = _known_hosts_entry(self.host, self.port)
         try:
-            c.connect(self.host, self.port, username=self.user, key_filename=self.key_files or None,
-                      allow_agent=True, look_for_keys=not self.key_files, timeout=self.timeout,
-                      banner_timeout=self.timeout, auth_timeout=self.timeout, sock=sock,
-                      transport_factory=_FastTransport)
+            c.connect(
+                self.host,
+                self.port,
+                username=self.user,
+                key_filename=self.key_files or None,
+                allow_agent=True,
+                look_for_keys=not self.key_files,
+                timeout=self.timeout,
+                banner_timeout=self.timeout,
+                auth_timeout=self.timeout,
+                sock=sock,
+                transport_factory=_FastTransport,
+            )
         except paramiko.BadHostKeyException as e:
             raise DevicelabError(
                 f"HOST KEY CHANGED for {entry} ({self.name}): got {fingerprint(e.key)}, known_hosts has "
@@ -298,8 +331,11 @@ class SSHTransport(Transport):
                     out += ch.recv(CHUNK)
                 elif ch.recv_stderr_ready():
                     err += ch.recv_stderr(CHUNK)
-                elif (ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready()) or ch.closed \
-                        or (ch.eof_received and ch.exit_status_ready()):
+                elif (
+                    (ch.exit_status_ready() and not ch.recv_ready() and not ch.recv_stderr_ready())
+                    or ch.closed
+                    or (ch.eof_received and ch.exit_status_ready())
+                ):
                     break
                 else:
                     if deadline and time.time() > deadline:

@@ -16,14 +16,41 @@ from . import android, cpufreq, gpu_sysfs, hwmon, mac, nvidia_smi, power_supply,
 from .base import DeviceAccess, Energy, ProbeView, Snapshot, Source, UnknownSource
 
 SOURCES: tuple[Source, ...] = (
-    power_supply.SOURCE, thermal_zones.SOURCE, cpufreq.SOURCE, rapl.SOURCE, gpu_sysfs.SOURCE, hwmon.SOURCE,
-    android.SOURCE, mac.SOURCE, powermetrics.SOURCE, nvidia_smi.SOURCE,
+    power_supply.SOURCE,
+    thermal_zones.SOURCE,
+    cpufreq.SOURCE,
+    rapl.SOURCE,
+    gpu_sysfs.SOURCE,
+    hwmon.SOURCE,
+    android.SOURCE,
+    mac.SOURCE,
+    powermetrics.SOURCE,
+    nvidia_smi.SOURCE,
 )
 BY_NAME = {s.name: s for s in SOURCES}
 
-__all__ = ["SOURCES", "DeviceAccess", "DeviceSources", "Energy", "ProbeView", "Snapshot", "Source", "UnknownSource",
-           "get", "tools", "pulled", "snapshots", "detect", "open_on", "said", "read_pulled", "power_source",
-           "keeps_calibration", "thermal_rose", "temperature_now"]
+__all__ = [
+    "SOURCES",
+    "DeviceAccess",
+    "DeviceSources",
+    "Energy",
+    "ProbeView",
+    "Snapshot",
+    "Source",
+    "UnknownSource",
+    "get",
+    "tools",
+    "pulled",
+    "snapshots",
+    "detect",
+    "open_on",
+    "said",
+    "read_pulled",
+    "power_source",
+    "keeps_calibration",
+    "thermal_rose",
+    "temperature_now",
+]
 
 
 def get(name: str) -> Source:

@@ -12,7 +12,7 @@ from ...transports.base import Transport
 from .base import DeviceAccess, ProbeView, Snapshot, Source, kv_lines, present, snapshot_values
 
 TOOL = "dumpsys"
-UNPLUGGED = "battery-unplugged"        # the ledger's device fact: set while a cell has it unplugged
+UNPLUGGED = "battery-unplugged"  # the ledger's device fact: set while a cell has it unplugged
 
 ANDROID_BATTERY_STATUS = {1: "unknown", 2: "charging", 3: "discharging", 4: "not-charging", 5: "full"}
 
@@ -25,7 +25,7 @@ def battery(text: str) -> dict:
     plugged = any(kv.get(k) == "true" for k in ("AC powered", "USB powered", "Wireless powered", "Dock powered"))
     out = {
         "plugged": plugged,
-        "updates_stopped": "UPDATES STOPPED" in text,    # after `dumpsys battery unplug`
+        "updates_stopped": "UPDATES STOPPED" in text,  # after `dumpsys battery unplug`
         "status": ANDROID_BATTERY_STATUS.get(status, str(status)) if status is not None else None,
         "battery_level": (num("level") / num("scale")) if num("level") is not None and num("scale") else None,
         "battery_voltage": num("voltage") / 1e3 if num("voltage") is not None else None,
@@ -104,7 +104,7 @@ class ChargingHygiene:
             except Exception:
                 if etype is None:
                     raise
-                restored = False       # the cell's own error (the lost link) is the one to report
+                restored = False  # the cell's own error (the lost link) is the one to report
             if restored:
                 self.pending(False)
         return False
@@ -134,8 +134,10 @@ class Android(Source):
     def setup(self, d: DeviceAccess) -> str:
         if restore_if_pending(d.t, d.tools, bool(d.fact(UNPLUGGED))):
             d.set_fact(UNPLUGGED, False)
-            d.note(f"{d.name}: charging state restored (dumpsys battery reset): an earlier run lost "
-                   "the device while it was set unplugged")
+            d.note(
+                f"{d.name}: charging state restored (dumpsys battery reset): an earlier run lost "
+                "the device while it was set unplugged"
+            )
         return ""
 
     def around(self, d: DeviceAccess) -> list:
@@ -143,12 +145,15 @@ class Android(Source):
 
     def check(self, start: dict, d: DeviceAccess) -> None:
         if start.get(POWER, {}).get("screen_on"):
-            d.warn("its screen is on: turn it off for measurements (the display draws power and heats the "
-                   "phone); its state is recorded with every cell", key="screen")
+            d.warn(
+                "its screen is on: turn it off for measurements (the display draws power and heats the "
+                "phone); its state is recorded with every cell",
+                key="screen",
+            )
 
     def rose(self, start: dict, end: dict) -> bool:
         ts0, ts1 = start.get(THERMAL, {}).get("thermal_status"), end.get(THERMAL, {}).get("thermal_status")
-        return ts0 is not None and ts1 is not None and ts1 > ts0      # Android's thermal status rose
+        return ts0 is not None and ts1 is not None and ts1 > ts0  # Android's thermal status rose
 
     def probe(self, v: ProbeView) -> tuple[bool, str]:
         return present(TOOL, v)

@@ -24,14 +24,27 @@ class UnknownSource(DevicelabError):
 
 
 # the values a snapshot's parse may give that become rows (phase snapshot_start / snapshot_end)
-SNAPSHOT_METRICS = frozenset({"battery_level", "battery_voltage", "battery_current", "battery_power",
-                              "battery_temp", "thermal_status", "cpu_speed_limit", "screen_on"})
+SNAPSHOT_METRICS = frozenset(
+    {
+        "battery_level",
+        "battery_voltage",
+        "battery_current",
+        "battery_power",
+        "battery_temp",
+        "thermal_status",
+        "cpu_speed_limit",
+        "screen_on",
+    }
+)
 
 
 def snapshot_values(d: dict) -> list[tuple[str, float]]:
     """(metric, value) of a snapshot's parsed values that are rows: the numeric SNAPSHOT_METRICS."""
-    return [(k, float(v)) for k, v in d.items()
-            if k in SNAPSHOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return [
+        (k, float(v))
+        for k, v in d.items()
+        if k in SNAPSHOT_METRICS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    ]
 
 
 def kv_lines(text: str, sep: str = ":") -> dict[str, str]:
@@ -47,10 +60,11 @@ def kv_lines(text: str, sep: str = ":") -> dict[str, str]:
 @dataclass(frozen=True)
 class Snapshot:
     """A command run through the transport before and after a cell; its raw text is kept as NAME.WHEN.txt."""
-    name: str                                      # the artifact's name and its rows' test
+
+    name: str  # the artifact's name and its rows' test
     argv: tuple[str, ...]
-    parse: Callable[[str], dict]                   # pure: text → values (SI units)
-    needs: str                                     # the device command it runs
+    parse: Callable[[str], dict]  # pure: text → values (SI units)
+    needs: str  # the device command it runs
     rows: Callable[[dict], list[tuple[str, float]]] = snapshot_values
 
 
@@ -58,6 +72,7 @@ class Energy(NamedTuple):
     """A cell's energy from a sampler source, placeable on the device's clock: kind 'energy' (values: J since the
     first tick) or 'power' (values: W per tick) at times t (s); info: which source and how it was read (the
     cell's energy calibration)."""
+
     kind: str
     t: np.ndarray
     values: np.ndarray
@@ -71,6 +86,7 @@ EnergyReader = Callable[[SamplerTrace, "dict | None"], "Energy | None"]
 class DeviceAccess:
     """What a source may use of one device at first contact and around a cell: its transport, the commands
     found on it, the ledger's facts about it, and the run's stage lines."""
+
     name: str
     t: Transport
     tools: set[str] = field(default_factory=set)
@@ -83,6 +99,7 @@ class DeviceAccess:
 @dataclass
 class ProbeView:
     """What a probe line looks at: the transport, one sampler tick of the device, the commands found on it."""
+
     t: Transport
     trace: SamplerTrace
     tools: set[str]
@@ -95,10 +112,10 @@ def folder_meta(tr: SamplerTrace, column: str) -> dict:
 
 class Source:
     name: ClassVar[str]
-    title: ClassVar[str]                          # its `devices probe` line
-    needs: ClassVar[str] = ""                     # what it needs on the device, said plainly
-    tools: ClassVar[tuple[str, ...]] = ()         # device commands it runs: found once per session (`command -v`)
-    pulled: ClassVar[tuple[str, ...]] = ()        # files run_payload.sh writes beside the payload: pulled after it
+    title: ClassVar[str]  # its `devices probe` line
+    needs: ClassVar[str] = ""  # what it needs on the device, said plainly
+    tools: ClassVar[tuple[str, ...]] = ()  # device commands it runs: found once per session (`command -v`)
+    pulled: ClassVar[tuple[str, ...]] = ()  # files run_payload.sh writes beside the payload: pulled after it
     snapshots: ClassVar[tuple[Snapshot, ...]] = ()
     # how a figure's missing reason names this source, by figure ('temperature', 'cpu_clock', 'gpu', 'energy')
     said: ClassVar[dict[str, str]] = {}

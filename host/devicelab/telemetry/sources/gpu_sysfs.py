@@ -12,13 +12,13 @@ from .base import ProbeView, Source, folder_meta
 
 def _freq(tr: SamplerTrace, num) -> list[pd.Series]:
     cols = tr.columns(r".*kgsl-3d0/gpuclk") + tr.columns(r".*devfreq/[^/]+/cur_freq")
-    freq = [num(c) for c in cols if folder_meta(tr, c).get("type") in ("kgsl", "devfreq")]   # not the memory bus's
+    freq = [num(c) for c in cols if folder_meta(tr, c).get("type") in ("kgsl", "devfreq")]  # not the memory bus's
     return [f.dropna() for f in freq if f.notna().any()]
 
 
 def _busy(tr: SamplerTrace, num) -> list[pd.Series]:
     busy = []
-    for c in tr.columns(r".*kgsl-3d0/gpubusy"):           # "busy total" since the last read
+    for c in tr.columns(r".*kgsl-3d0/gpubusy"):  # "busy total" since the last read
         bt = tr.frame[c].astype(str).str.split(expand=True)
         if bt.shape[1] >= 2:
             b, tot = pd.to_numeric(bt[0], errors="coerce"), pd.to_numeric(bt[1], errors="coerce")

@@ -30,7 +30,7 @@ def power_rails(tr: SamplerTrace) -> list[tuple[str, str, np.ndarray]]:
     out = [(label(c), c, num(c) / 1e6) for c in tr.columns(r".*hwmon\d+/power\d+_input")]
     for c in tr.columns(r".*hwmon\d+/curr\d+_input"):
         h, n = c.rsplit("/curr", 1)
-        n = n[:-len("_input")]
+        n = n[: -len("_input")]
         v = f"{h}/in{n}_input"
         if v in df and f"{h}/power{n}_input" not in df:
             out.append((label(v) or label(c), f"{v}*{c}", num(v) * num(c) / 1e6))
@@ -55,8 +55,12 @@ def rail_power(tr: SamplerTrace, prior: dict | None = None) -> Energy | None:
     inputs = [r for r in rails if INPUT_RAIL.search(r[0])]
     use, how = (inputs, "board input rail") if inputs else (rails, "sum of rails")
     p = sum(r[2] for r in use)
-    return Energy("power", tr.frame["t_s"].to_numpy(dtype=float), p,
-                  {"source": "power-rails", "method": how, "rails": {r[0] or r[1]: r[1] for r in use}})
+    return Energy(
+        "power",
+        tr.frame["t_s"].to_numpy(dtype=float),
+        p,
+        {"source": "power-rails", "method": how, "rails": {r[0] or r[1]: r[1] for r in use}},
+    )
 
 
 class Hwmon(Source):
@@ -83,8 +87,10 @@ class Hwmon(Source):
         he = v.trace.columns(ENERGY_COLS)
         if rails:
             inp = [lab for lab, _, _ in rails if INPUT_RAIL.search(lab)]
-            return True, (f"{len(rails)} rails ({', '.join(lab or '?' for lab, _, _ in rails)}); "
-                          + (f"board input {', '.join(inp)}" if inp else "no board input rail: summed"))
+            return True, (
+                f"{len(rails)} rails ({', '.join(lab or '?' for lab, _, _ in rails)}); "
+                + (f"board input {', '.join(inp)}" if inp else "no board input rail: summed")
+            )
         if he:
             return True, f"{len(he)} hwmon energy counters"
         return False, "no hwmon power, current×voltage or energy inputs, nor a Jetson iio power monitor"

@@ -26,8 +26,12 @@ def _isnum(s: str) -> bool:
 
 
 def _sample(d: dict) -> dict | None:
-    num = lambda k: (float(d[k]) if d.get(k) not in (None, "", "[N/A]", "[Not Supported]")  # noqa: E731
-                     and _isnum(d[k]) else None)
+    num = lambda k: (
+        float(d[k])
+        if d.get(k) not in (None, "", "[N/A]", "[Not Supported]")  # noqa: E731
+        and _isnum(d[k])
+        else None
+    )
     try:
         t = dt.datetime.strptime(d["timestamp"], "%Y/%m/%d %H:%M:%S.%f").timestamp()
     except (KeyError, ValueError):
@@ -35,11 +39,17 @@ def _sample(d: dict) -> dict | None:
     thr = d.get("clocks_throttle_reasons.active") or d.get("clocks_event_reasons.active")
     mem, sm = num("memory.used"), num("clocks.sm")
     busy = num("utilization.gpu")
-    return {"t": t, "gpu": int(d.get("index") or 0), "name": d.get("name"), "power_w": num("power.draw"),
-            "mem_bytes": mem * 1024**2 if mem is not None else None,
-            "busy": busy / 100 if busy is not None else None, "temp_c": num("temperature.gpu"),
-            "sm_hz": sm * 1e6 if sm is not None else None,
-            "throttle": int(thr, 16) if thr and thr.startswith("0x") else None}
+    return {
+        "t": t,
+        "gpu": int(d.get("index") or 0),
+        "name": d.get("name"),
+        "power_w": num("power.draw"),
+        "mem_bytes": mem * 1024**2 if mem is not None else None,
+        "busy": busy / 100 if busy is not None else None,
+        "temp_c": num("temperature.gpu"),
+        "sm_hz": sm * 1e6 if sm is not None else None,
+        "throttle": int(thr, 16) if thr and thr.startswith("0x") else None,
+    }
 
 
 def parse(text: str) -> list[dict]:
@@ -65,7 +75,7 @@ def gpu_figures(nv: list[dict]) -> dict[str, tuple[float, str]]:
     mean SM clock."""
     s = pd.DataFrame(nv)
     src = "nvidia-smi " + ", ".join(sorted({str(x) for x in s["name"].dropna()}))
-    per_t = s.groupby("t")                             # all GPUs at one timestamp
+    per_t = s.groupby("t")  # all GPUs at one timestamp
     vals = {}
     if s["power_w"].notna().any():
         p = per_t["power_w"].sum(min_count=1).dropna()
@@ -73,8 +83,12 @@ def gpu_figures(nv: list[dict]) -> dict[str, tuple[float, str]]:
         if len(p) > 1:
             tt = p.index.to_numpy(dtype=float)
             vals["gpu_energy"] = (integrate_power(tt, p.to_numpy(dtype=float), tt[0], tt[-1]), src)
-    for metric, col, how in (("gpu_mem_peak", "mem_bytes", "max"), ("gpu_busy_mean", "busy", "mean"),
-                             ("gpu_temp_max", "temp_c", "max"), ("gpu_freq_mean", "sm_hz", "mean")):
+    for metric, col, how in (
+        ("gpu_mem_peak", "mem_bytes", "max"),
+        ("gpu_busy_mean", "busy", "mean"),
+        ("gpu_temp_max", "temp_c", "max"),
+        ("gpu_freq_mean", "sm_hz", "mean"),
+    ):
         if s[col].notna().any():
             agg = per_t[col].sum(min_count=1) if col == "mem_bytes" else s[col]
             vals[metric] = (float(getattr(agg.dropna(), how)()), src)

@@ -38,8 +38,9 @@ def current_to_a(series: pd.Series) -> tuple[pd.Series, str]:
     return series, "A"
 
 
-def calibrate_current(t: np.ndarray, raw: pd.Series, counter: pd.Series | None, kind: str = "charge",
-                      v_v: pd.Series | None = None) -> dict | None:
+def calibrate_current(
+    t: np.ndarray, raw: pd.Series, counter: pd.Series | None, kind: str = "charge", v_v: pd.Series | None = None
+) -> dict | None:
     """Decide the unit and sign of current_now from a battery counter's drop over the same window.
     kind 'charge' (charge_counter / charge_now, µAh): the unit whose mean current best matches −ΔQ/Δt wins.
     kind 'energy' (energy_now, µWh): the unit whose mean V·I best matches −ΔE/Δt wins (`v_v`: volts).
@@ -56,21 +57,27 @@ def calibrate_current(t: np.ndarray, raw: pd.Series, counter: pd.Series | None, 
     dt_h = (t[i1] - t[i0]) / 3600
     if dq == 0 or dt_h <= 0:
         return None
-    ref = -dq * 1e-6 / dt_h        # A (charge) or W (energy), positive when the battery discharges
-    window = raw.iloc[i0:i1 + 1].astype(float)
-    mean_raw = float(window.mean() if kind == "charge" else (window * v_v.iloc[i0:i1 + 1].astype(float)).mean())
+    ref = -dq * 1e-6 / dt_h  # A (charge) or W (energy), positive when the battery discharges
+    window = raw.iloc[i0 : i1 + 1].astype(float)
+    mean_raw = float(window.mean() if kind == "charge" else (window * v_v.iloc[i0 : i1 + 1].astype(float)).mean())
     if mean_raw == 0 or math.isnan(mean_raw):
         return None
     best = min(((abs(abs(mean_raw) * f - abs(ref)) / abs(ref), u, f) for u, f in UNITS_TO_A))
     if best[0] > 0.5:
         return None
     sign = 1.0 if (mean_raw > 0) == (ref > 0) else -1.0
-    return {"current_unit": best[1], "scale_to_a": best[2], "current_sign": sign, "agreement": round(1 - best[0], 4),
-            "window_s": round(float(t[i1] - t[i0]), 3)}
+    return {
+        "current_unit": best[1],
+        "scale_to_a": best[2],
+        "current_sign": sign,
+        "agreement": round(1 - best[0], 4),
+        "window_s": round(float(t[i1] - t[i0]), 3),
+    }
 
 
-def _calibration(tr: SamplerTrace, d: str, t: np.ndarray, raw: pd.Series, v_v: pd.Series,
-                 prior: dict | None) -> dict | None:
+def _calibration(
+    tr: SamplerTrace, d: str, t: np.ndarray, raw: pd.Series, v_v: pd.Series, prior: dict | None
+) -> dict | None:
     """current_now's unit and sign from this cell's counters, else from the device's earlier calibration."""
     df = tr.frame
     for name, kind in COUNTERS:
@@ -89,12 +96,12 @@ def _guess(df: pd.DataFrame, d: str, raw: pd.Series) -> tuple[pd.Series, float, 
     """No calibration: the unit from the magnitude; the sign flipped when the battery says it discharges while
     the current is negative."""
     status = df.get(f"{d}/status")
-    if status is not None:       # a slow source: read once a second, empty between
+    if status is not None:  # a slow source: read once a second, empty between
         status = status[status.astype(str) != ""]
     i_a, unit = current_to_a(raw)
     sign = 1.0
     if status is not None and (status.astype(str).str.lower() == "discharging").mean() > 0.5 and i_a.median() < 0:
-        sign = -1.0        # this device reports discharge as negative: flip to our convention
+        sign = -1.0  # this device reports discharge as negative: flip to our convention
     return i_a, sign, unit, {"method": "magnitude+status", "scale_to_a": dict(UNITS_TO_A)[unit]}
 
 
@@ -115,8 +122,7 @@ def battery_power(tr: SamplerTrace, prior: dict | None) -> Energy | None:
             else:
                 i_a, sign, unit, info = _guess(df, d, raw)
             p = (sign * i_a * v_v).to_numpy()
-            return Energy("power", t, p, {"source": f"battery:{d}", "current_unit": unit, "current_sign": sign,
-                                          **info})
+            return Energy("power", t, p, {"source": f"battery:{d}", "current_unit": unit, "current_sign": sign, **info})
         if pn in df:
             p = df[pn].astype(float).to_numpy() / 1e6
             return Energy("power", t, np.abs(p), {"source": f"battery:{d}:power_now"})

@@ -21,14 +21,16 @@ FILE = "powermetrics.plist"
 
 THERMAL_PRESSURE = {"nominal": 0, "light": 1, "moderate": 2, "heavy": 3, "trapping": 4, "sleeping": 4, "critical": 4}
 
-NO_ROOT = ("needs root: allow it with a sudoers rule (NOPASSWD: /usr/bin/powermetrics) for the SSH user")
+NO_ROOT = "needs root: allow it with a sudoers rule (NOPASSWD: /usr/bin/powermetrics) for the SSH user"
 
 
 def access(t: Transport) -> str:
     """How this Mac lets the SSH user run powermetrics (it needs root): 'root', 'sudo' (a NOPASSWD sudoers
     rule for it: `sudo -n -l` says so without running it), or '' (not available: no SoC energy figures)."""
-    r = t.sh('command -v powermetrics >/dev/null 2>&1 || exit 0; '
-             'if [ "$(id -u)" = 0 ]; then echo root; elif sudo -n -l powermetrics >/dev/null 2>&1; then echo sudo; fi')
+    r = t.sh(
+        "command -v powermetrics >/dev/null 2>&1 || exit 0; "
+        'if [ "$(id -u)" = 0 ]; then echo root; elif sudo -n -l powermetrics >/dev/null 2>&1; then echo sudo; fi'
+    )
     out = r.stdout.strip()
     return out if out in ("root", "sudo") else ""
 
@@ -115,8 +117,9 @@ class Powermetrics(Source):
     def cpu_clock(self, tr: SamplerTrace, samples: list[dict] | None) -> pd.Series | None:
         if not samples:
             return None
-        return pd.Series([float(np.mean(list(x["cluster_hz"].values()))) for x in samples if x["cluster_hz"]],
-                         dtype=float)
+        return pd.Series(
+            [float(np.mean(list(x["cluster_hz"].values()))) for x in samples if x["cluster_hz"]], dtype=float
+        )
 
     def gpu(self, tr: SamplerTrace, samples: list[dict] | None) -> dict[str, tuple[float, str]]:
         pm_g = [x for x in samples or [] if x.get("gpu_j") is not None and x.get("elapsed_s")]
@@ -129,19 +132,29 @@ class Powermetrics(Source):
         tp = [x["thermal_pressure"] for x in samples or [] if x["thermal_pressure"] is not None]
         if not tp:
             return [], False
-        return [Row(metric="thermal_status", value=float(max(tp)), phase="cell",
-                    test="powermetrics thermal_pressure")], max(tp) > tp[0]
+        return [
+            Row(metric="thermal_status", value=float(max(tp)), phase="cell", test="powermetrics thermal_pressure")
+        ], max(tp) > tp[0]
 
     def cell_energy(self, samples: list[dict] | None, phases: list) -> tuple[list[Row], dict] | None:
         pm_e = [x for x in samples or [] if x["energy_j"] is not None]
         if not pm_e:
             return None
         e, dur = sum(x["energy_j"] for x in pm_e), sum(x["elapsed_s"] for x in pm_e)
-        rows = [Row(metric="energy", value=e, phase="cell", test=TOOL, n=len(pm_e)),
-                Row(metric="power_mean", value=e / dur, phase="cell", test=TOOL, n=len(pm_e))]
+        rows = [
+            Row(metric="energy", value=e, phase="cell", test=TOOL, n=len(pm_e)),
+            Row(metric="power_mean", value=e / dur, phase="cell", test=TOOL, n=len(pm_e)),
+        ]
         # phases need the device's clock, which a Mac lacks (no /proc/uptime)
-        rows += [missing("energy", "powermetrics gives the whole cell only: no sub-second device clock to place "
-                                   "phases on", phase=ph.kind, test=ph.name) for ph in phases]
+        rows += [
+            missing(
+                "energy",
+                "powermetrics gives the whole cell only: no sub-second device clock to place phases on",
+                phase=ph.kind,
+                test=ph.name,
+            )
+            for ph in phases
+        ]
         how = sorted({x["energy_from"] for x in pm_e})
         return rows, {"source": TOOL, "energy_from": ",".join(how), "samples": len(pm_e)}
 
