@@ -25,10 +25,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not shutil.which(SSHD), reason
 BENCH = "  - {kind: bench, prompt: [8], gen: [4], threads: [1], repetitions: 1}\n"
 
 
-def recipe(path, name, devices, quants):
+def recipe(path, name, devices, quants, bench=BENCH):
     path.write_text(
         f"name: {name}\ndevices: [{', '.join(devices)}]\nmodels: [{{name: smollm2-135m}}]\n"
-        f"quants: [{', '.join(quants)}]\npayloads:\n{BENCH}"
+        f"quants: [{', '.join(quants)}]\npayloads:\n{bench}"
         "recommend: {context: 512, min_decode_tps: 0.1}\n"
     )
     return path
@@ -212,9 +212,18 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
 
     # Ctrl-C of a run across hosts: every lane stops its payload and puts its device back, the cut cells are
     # retryable, nothing is left running on the board, and the devices are free for the next run
-    rc = recipe(tmp_path / "c.yaml", "cut", ["board1", "here"], ["q8_0", "q4_0"])
+    # cells long enough that the signal lands while they run, however loaded the machine (with cells of a
+    # second, a starved test process sent its SIGINT after the run had ended)
+    rc = recipe(
+        tmp_path / "c.yaml",
+        "cut",
+        ["board1", "here"],
+        ["q8_0", "q4_0"],
+        bench="  - {kind: bench, prompt: [8], gen: [128], threads: [1], repetitions: 8}\n",
+    )
     c = start_run(net, rc, lab, lab_dir, tmp_path / "c.log")
     wait_for(lambda: running(db, "board1") or c.poll() is not None, 600, "board1's cell in the run to cut")
+    assert c.poll() is None, (tmp_path / "c.log").read_text()[-4000:]
     c.send_signal(signal.SIGINT)
     assert c.wait(300) == 130, (tmp_path / "c.log").read_text()[-4000:]
     cut = cells(db, "cut")

@@ -241,16 +241,19 @@ def test_ctrl_c_stops_every_lane_and_puts_every_device_back(tmp_path, host_build
     lab.write_text(
         "devices:\n"
         + "".join(
-            f"  - {{name: {n}, transport: local, workdir: '{tmp_path}/{n}-wd', host_cpus: false, governor: performance, "
-            f"telemetry_root: '{roots[n]}'}}\n"
+            f"  - {{name: {n}, transport: local, workdir: '{tmp_path}/{n}-wd', host_cpus: false, "
+            f"governor: performance, telemetry_root: '{roots[n]}'}}\n"
             for n in roots
         )
     )
+    # cells long enough (≈ 10 s each) that the signal lands while they run however loaded the machine is: with
+    # short ones, a test process starved for a few seconds sent its SIGINT after the run had ended (and read it as
+    # a lost Ctrl-C)
     r = recipe(
         tmp_path,
         ["a", "b"],
         "[q8_0, q4_0]",
-        payloads="  - {kind: bench, prompt: [64], gen: [128], threads: [1], repetitions: 3}\n",
+        payloads="  - {kind: bench, prompt: [64], gen: [128], threads: [1], repetitions: 8}\n",
         name="cut",
     )
     db = ledger_path(tmp_path / "lab")
@@ -259,7 +262,7 @@ def test_ctrl_c_stops_every_lane_and_puts_every_device_back(tmp_path, host_build
     proc = start_run(r, lab, tmp_path / "lab")
     wait_running(db, proc, 2)
     assert all(govs(root) == ["performance"] * 3 for root in roots.values()), "pinned while the cells run"
-    time.sleep(1.0)
+    assert proc.poll() is None and len([c for c in cells(db) if c["status"] == "running"]) == 2
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, out + err

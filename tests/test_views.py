@@ -154,7 +154,19 @@ def test_cli_and_report_render_the_same_view_rows(tmp_path):
             assert f"<td>{m.model}</td><td>{m.quant}</td><td>{m.need_mib}</td>" in html
     # the report: one section each, in order
     ids = re.findall(r"<section id='([a-z-]+)'>", html)
-    assert ids == ["recommendation", "results", "roofline", "findings", "traces", "provenance"]
+    assert ids == [
+        "recommendation",
+        "frontier",
+        "speed",
+        "quality",
+        "energy",
+        "roofline",
+        "traces",
+        "compare",
+        "results",
+        "findings",
+        "provenance",
+    ]
 
 
 def test_cell_texts():

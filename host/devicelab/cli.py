@@ -28,8 +28,21 @@ console = _console()
 err = _console(stderr=True)
 
 
-def _lab_dir(v: str | None) -> Path:
-    return Path(v or os.environ.get("DEVICELAB_LAB_DIR") or "labdata")
+def _lab_dir(v: str | None, must_hold_ledger: bool = False) -> Path:
+    """The lab folder (--lab-dir, $DEVICELAB_LAB_DIR, ./labdata): a file there, or a folder without a ledger
+    where one is read, is one line."""
+    d = Path(v or os.environ.get("DEVICELAB_LAB_DIR") or "labdata")
+    if d.exists() and not d.is_dir():
+        raise DevicelabError(f"--lab-dir {d} is a file; give a folder (the ledger and the cells' artifacts go in it)")
+    if must_hold_ledger:
+        from .ledger import ledger_path
+
+        if not ledger_path(d).exists():
+            raise DevicelabError(
+                f"{d} holds no ledger: run a recipe there first (devicelab run RECIPE --lab-dir {d}),"
+                " or give the --lab-dir of an earlier run"
+            )
+    return d
 
 
 class _Group(click.Group):
@@ -167,22 +180,30 @@ def _progress():
         TimeElapsedColumn(),
         console=err,
         transient=True,
+        # off a terminal (a log, a pipe) there is nothing to animate, and a stopped live display leaves a blank
+        # line before whatever comes next (an error:); the stage and failure lines still print
+        disable=not err.is_terminal,
     )
 
 
 class _RichEvents(Events):
     """One live line per device (its lane's current step), an overall cells bar, and a compile bar."""
 
-    def __init__(self, prog: Progress):
+    def __init__(self, prog: Progress, live=None):
         self.p = prog
         self.build_task = None
         self.cell_task = None
         self.lanes: dict = {}
+        self.live = live  # serve.LiveStatus: the lab folder's live.json for `devicelab serve`
 
     def stage(self, text):
         self.p.console.print(f"[cyan]•[/] {escape(text)}")
+        if self.live:
+            self.live.stage(text)
 
     def progress(self, what, pct):
+        if self.live:
+            self.live.progress(what, pct)
         task = self.lanes.get(("progress", what))
         if task is None:
             task = self.lanes[("progress", what)] = self.p.add_task(what, total=100)
@@ -205,17 +226,24 @@ class _RichEvents(Events):
             self.p.update(self.cell_task, completed=1, description="cells: all done already")
 
     def lane(self, device, text):
+        if text.startswith(f"{device} "):  # a cell's label names its device: say it once
+            text = text[len(device) + 1 :]
         if device not in self.lanes:
             self.lanes[device] = self.p.add_task("", total=None)
         self.p.update(self.lanes[device], description=escape(f"{device}: {text}"))
+        if self.live:
+            self.live.lane(device, text)
 
     def cell_start(self, cell):
-        pass
+        if self.live:
+            self.live.lane(cell.device, cell.label().removeprefix(f"{cell.device} "), cell.cell_id)
 
     def cell_done(self, cell, ok, note=""):
         self.p.advance(self.cell_task)
         if not ok:
             self.p.console.print(f"[red]✗[/] {escape(cell.label())}: {escape(note)}")
+            if self.live:
+                self.live.failed(cell.device, cell.label(), cell.cell_id, note)
 
 
 @main.command()
@@ -246,7 +274,9 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster):
     else:
         placement = LocalPlacement()
     with _progress() as prog:
-        ex.ev = _RichEvents(prog)
+        from .serve import LiveStatus
+
+        ex.ev = _RichEvents(prog, LiveStatus(_lab_dir(lab_dir), ex.recipe.name, ex.recipe.recommend.model_dump()))
         try:
             rep = ex.run(placement)
         except KeyboardInterrupt:
@@ -260,7 +290,7 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster):
         f"run {rep.run_id}: {rep.total} cells, {rep.skipped} already done, {rep.ran} ran, "
         f"{len(rep.failed)} failed ({rep.seconds:.1f} s)"
     )
-    rows = ex.ledger.rows_frame(recipe=ex.recipe.name)
+    rows = ex.ledger.rows_frame(recipe=ex.recipe.name, latest=True, columns=_view_columns())
     _print_wide(rows)
     _print_recs(rows, ex.recipe.recommend)
     if rep.failed:
@@ -277,6 +307,9 @@ _LAB = click.option(
 )
 _NODE_IP = click.option("--node-ip", default=None, help="this host's address the other lab hosts reach it at")
 _RAY_ARG = click.option("--ray-arg", "ray_args", multiple=True, help="passed to `ray start` (e.g. --num-cpus=2)")
+_INSECURE = click.option(
+    "--insecure", is_flag=True, help="no authentication (only for a network nobody else can reach; said loudly)"
+)
 
 
 @main.command()
@@ -286,14 +319,22 @@ _RAY_ARG = click.option("--ray-arg", "ray_args", multiple=True, help="passed to 
 @click.option("--host", "host", default=None, help="this lab host's name (default: the machine's)")
 @click.option("--source", "src_spec", default=None, help="the llama.cpp source every lab host must have")
 @_RAY_ARG
-def head(lab_file, port, node_ip, host, src_spec, ray_args):
+@_INSECURE
+def head(lab_file, port, node_ip, host, src_spec, ray_args, insecure):
     """Start this host as the lab's Ray head (foreground), advertising its devices (those with no lab_host)."""
     from . import lab as labmod
     from .cluster import node
 
     sys.exit(
         node.run_head(
-            labmod.load(lab_file), host or labmod.this_host(), port, node_ip, src_spec, ray_args, say=console.print
+            labmod.load(lab_file),
+            host or labmod.this_host(),
+            port,
+            node_ip,
+            src_spec,
+            ray_args,
+            say=console.print,
+            insecure=insecure,
         )
     )
 
@@ -316,7 +357,8 @@ def head(lab_file, port, node_ip, host, src_spec, ray_args):
     help="where this host keeps the files it gets from the head (default: DEVICELAB_HOME/node-cache)",
 )
 @_RAY_ARG
-def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args):
+@_INSECURE
+def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args, insecure):
     """Join this host to the lab's Ray cluster (foreground), advertising the devices plugged into it."""
     from . import lab as labmod
     from .cluster import node
@@ -326,7 +368,17 @@ def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args):
     if not address:
         raise DevicelabError("no head to join: give --address HEAD:PORT or `cluster: HEAD:PORT` in the lab file")
     sys.exit(
-        node.run_worker(lab, address, host or labmod.this_host(), node_ip, src_spec, cache, ray_args, say=console.print)
+        node.run_worker(
+            lab,
+            address,
+            host or labmod.this_host(),
+            node_ip,
+            src_spec,
+            cache,
+            ray_args,
+            say=console.print,
+            insecure=insecure,
+        )
     )
 
 
@@ -338,7 +390,7 @@ def reparse(lab_dir, recipe):
     from .ledger import Ledger, ledger_path
     from .runner.artifacts import reparse as rp
 
-    n, rows, problems = rp(Ledger(ledger_path(_lab_dir(lab_dir))), recipe)
+    n, rows, problems = rp(Ledger(ledger_path(_lab_dir(lab_dir, must_hold_ledger=True))), recipe)
     for p in problems:
         err.print(f"[yellow]not re-derived[/]: {escape(p)}")
     console.print(f"re-derived {rows} rows of {n} cells from their artifacts")
@@ -369,15 +421,60 @@ def cells(lab_dir, recipe):
     console.print(t)
 
 
-def _load_rows(lab_dir, recipe, from_file):
+# the big texts no view reads (tests/test_ledger.py checks the modules results/recommend/report/roofline/findings
+# call name none of them): those commands leave them in the ledger; an export (`results --export`) has every column
+UNREAD_COLUMNS = ("tensor_types", "device_facts", "host_activity", "model_source", "imatrix", "base_note")
 
+
+def _view_columns():
+    from .schema import ROW_COLUMNS
+
+    return [c for c in ROW_COLUMNS if c not in UNREAD_COLUMNS]
+
+
+WIDE_COLUMNS = ("recipe", "device", "model", "quant", "metric", "value", "phase", "bpw", "model_bytes")
+
+
+def _rows_options(f):
+    """--run, --device, --since, --all: which rows a command reads — by default the latest result of each cell
+    (recipe, device, model, quant, payload and parameters: not older commits' or model files')."""
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*a, all_rows=False, since=None, on_devices=(), run=None, **kw):
+        return f(
+            *a,
+            rows_sel=dict(run=run, device=list(on_devices) or None, since=since, latest=not (all_rows or run or since)),
+            **kw,
+        )
+
+    for o in (
+        click.option("--all", "all_rows", is_flag=True, help="every done cell's rows, the lab's whole history"),
+        click.option(
+            "--since",
+            default=None,
+            metavar="DATE|AGE",
+            help="rows recorded since DATE (2026-11-04) or in the last AGE (30d, 12h)",
+        ),
+        click.option("--device", "on_devices", multiple=True, help="only this device's rows (repeatable)"),
+        click.option("--run", default=None, help="only one run's rows: its id, or 'latest'"),
+    ):
+        wrapper = o(wrapper)
+    return wrapper
+
+
+def _load_rows(lab_dir, recipe, from_file, rows_sel=None, columns="view"):
+    from .ledger_query import Selection, filter_frame
+
+    sel = dict(rows_sel or {})
     if from_file:
         from .tables import load
 
-        return load(Path(from_file), recipe)
+        return filter_frame(load(Path(from_file), recipe), Selection(**{**sel, "latest": False}))
     from .ledger import Ledger, ledger_path
 
-    return Ledger(ledger_path(_lab_dir(lab_dir))).rows_frame(recipe=recipe)
+    columns = _view_columns() if columns == "view" else columns
+    return Ledger(ledger_path(_lab_dir(lab_dir))).rows_frame(recipe=recipe, columns=columns, **sel)
 
 
 @main.command()
@@ -385,11 +482,12 @@ def _load_rows(lab_dir, recipe, from_file):
 @click.option("--recipe", default=None)
 @click.option("--export", "export", default=None, help="write rows to FILE.csv or FILE.parquet")
 @click.option("--wide", is_flag=True, help="export the per-quant summary instead of long rows")
-def results(lab_dir, recipe, export, wide):
+@_rows_options
+def results(lab_dir, recipe, export, wide, rows_sel=None):
     """Show (and export) normalized results."""
     from .tables import wide as widen
 
-    rows = _load_rows(lab_dir, recipe, None)
+    rows = _load_rows(lab_dir, recipe, None, rows_sel, None if export else WIDE_COLUMNS)
     if export:
         df = widen(rows) if wide else rows
         p = Path(export)
@@ -420,6 +518,7 @@ def results(lab_dir, recipe, export, wide):
 @click.option("--max-energy-per-token", type=float, default=None)
 @click.option("--prefer", type=click.Choice(["smallest", "fastest", "best_quality"]), default=None)
 @click.option("--json", "as_json", is_flag=True)
+@_rows_options
 def recommend(
     lab_dir,
     recipe_file,
@@ -431,6 +530,7 @@ def recommend(
     max_energy_per_token,
     prefer,
     as_json,
+    rows_sel=None,
 ):
     """Per device: the quant to ship, and why every other one lost."""
     from . import recipes
@@ -454,7 +554,7 @@ def recommend(
         if v is not None
     }
     spec = spec.model_copy(update=over)
-    rows = _load_rows(lab_dir, name, from_file)
+    rows = _load_rows(lab_dir, name, from_file, rows_sel)
     _print_recs(rows, spec, as_json=as_json)
 
 
@@ -463,7 +563,8 @@ def recommend(
 @click.option("--recipe", "recipe_file", type=click.Path(path_type=Path), default=None)
 @click.option("--from", "from_file", default=None)
 @click.option("-o", "--out", default="report.html", type=click.Path(path_type=Path))
-def report(lab_dir, recipe_file, from_file, out):
+@_rows_options
+def report(lab_dir, recipe_file, from_file, out, rows_sel=None):
     """Write a self-contained HTML report (plots embedded) with the recommendation."""
     from . import recipes
     from .recipes import RecommendSpec
@@ -473,23 +574,24 @@ def report(lab_dir, recipe_file, from_file, out):
     if recipe_file:
         r, _ = recipes.load(recipe_file)
         spec, name = r.recommend, r.name
-    rows = _load_rows(lab_dir, name, from_file)
+    rows = _load_rows(lab_dir, name, from_file, rows_sel)
     arts = None if from_file else _lab_dir(lab_dir) / "artifacts"
     p = build(rows, spec, out, arts, title=f"devicelab report{': ' + name if name else ''}")
-    console.print(f"wrote {p}")
+    console.print(f"wrote {p} ({p.stat().st_size / 1e6:.1f} MB, self-contained: open it in a browser)")
 
 
 @main.command()
 @click.option("--lab-dir", default=None)
 @click.option("--recipe", default=None)
 @click.option("--from", "from_file", default=None)
-def roofline(lab_dir, recipe, from_file):
+@_rows_options
+def roofline(lab_dir, recipe, from_file, rows_sel=None):
     """Per bench row: t/s against the device's limit (bandwidth for decode, FMA peak for prefill) and the bound."""
     import pandas as pd
 
     from .analysis import roofline as rl
 
-    df = rl(_load_rows(lab_dir, recipe, from_file))
+    df = rl(_load_rows(lab_dir, recipe, from_file, rows_sel))
     if df.empty:
         console.print("no bench rows")
         return
@@ -530,11 +632,12 @@ def roofline(lab_dir, recipe, from_file):
 @click.option("--lab-dir", default=None)
 @click.option("--recipe", default=None)
 @click.option("--from", "from_file", default=None)
-def findings(lab_dir, recipe, from_file):
+@_rows_options
+def findings(lab_dir, recipe, from_file, rows_sel=None):
     """Check the seeds' claims (decode vs BPW, core scaling, the quality knee, memory vs BPW) on your data."""
     from .analysis import findings as fd
 
-    fs = fd(_load_rows(lab_dir, recipe, from_file))
+    fs = fd(_load_rows(lab_dir, recipe, from_file, rows_sel))
     if not fs:
         console.print("not enough data for any finding")
     for f in fs:
@@ -548,11 +651,232 @@ def findings(lab_dir, recipe, from_file):
 @click.option("--recipe", default="imported")
 @click.option("--lab-dir", default=None)
 def import_bench(files, device, recipe, lab_dir):
-    """Import existing llama-bench JSON/JSONL output into the ledger."""
+    """Import llama-bench output (-o json, jsonl, csv or sql) into the ledger."""
     from .importer import import_files
 
     n = import_files(files, device, recipe, _lab_dir(lab_dir))
     console.print(f"imported {n} rows from {len(files)} file(s) as recipe {recipe!r}")
+
+
+@main.command("export-bench")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--lab-dir", default=None)
+@click.option("--recipe", default=None, help="only this recipe's rows")
+def export_bench(out, lab_dir, recipe):
+    """Write the lab's bench speeds as llama-bench's SQLite table (for llama.cpp's compare-llama-bench.py)."""
+    from .importer import export_llama_bench
+    from .ledger import Ledger, ledger_path
+
+    led = Ledger(ledger_path(_lab_dir(lab_dir)))
+    n = export_llama_bench(led.rows_frame(recipe=recipe), led, out)
+    console.print(f"wrote {n} llama-bench records to {out} (table llama_bench)")
+
+
+@main.command()
+@click.option(
+    "--a",
+    "side_a",
+    required=True,
+    metavar="KEY=VALUE[,…]",
+    help="side A: commit=…, backend=…, device=…, run=…, model=…, quant=…, recipe=… (lab=DIR or "
+    "from=FILE: its rows from another lab folder or an exported table)",
+)
+@click.option("--b", "side_b", required=True, metavar="KEY=VALUE[,…]", help="side B, the same way")
+@click.option("--lab-dir", default=None)
+@click.option("--metric", "metrics", multiple=True, help="only these metrics (default: every one with a direction)")
+@click.option("--alpha", type=float, default=0.05, show_default=True, help="significance level (Holm-adjusted)")
+@click.option(
+    "--min-effect",
+    type=float,
+    default=0.03,
+    show_default=True,
+    help="smallest relative change that counts (0.03 = 3 %)",
+)
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table")
+@click.option("--fail-on-regression", is_flag=True, help="exit 1 when a significant regression is found")
+def compare(side_a, side_b, lab_dir, metrics, alpha, min_effect, fmt, fail_on_regression):
+    """Two sides of the lab's rows paired on what makes them comparable, with a significance test per pair."""
+    from . import compare as cmpmod
+
+    sides = [cmpmod.Side.parse(side_a), cmpmod.Side.parse(side_b)]
+    frames = []
+    for sd in sides:
+        kind, where = sd.source or (None, None)
+        rows = _load_rows(
+            where if kind == "lab" else lab_dir, None, where if kind == "from" else None, {"match": _side_match(sd)}
+        )
+        frames.append(sd.select(rows))
+    for sd, df in zip(sides, frames, strict=True):
+        if df.empty:
+            raise DevicelabError(
+                f"compare: side {sd.label!r} selects no rows; see `devicelab results` for what the lab holds"
+            )
+    cmp = cmpmod.compare(frames[0], frames[1], sides[0], sides[1], list(metrics) or None, alpha, min_effect)
+    _print_comparison(cmp, fmt)
+    if fail_on_regression and cmp.counts().get(cmpmod.REGRESSION):
+        sys.exit(1)
+
+
+def _side_match(sd) -> dict:
+    """A compare side's filters the ledger can apply itself (cell-level text columns), as Selection.match."""
+    from . import compare as cmpmod
+    from .ledger_query import MATCHABLE
+
+    out = {}
+    for k, v in sd.filters.items():
+        col, prefix = cmpmod.ALIASES.get(k, (k, False))
+        if col in MATCHABLE:
+            out[col] = (v, prefix)
+    return out
+
+
+def _print_comparison(cmp, fmt: str) -> None:
+    from . import compare as cmpmod
+
+    if fmt == "markdown":
+        click.echo(cmpmod.markdown(cmp), nl=False)
+        return
+    if fmt == "csv":
+        click.echo(cmpmod.frame(cmp).to_csv(index=False), nl=False)
+        return
+    if fmt == "json":
+        click.echo(json.dumps(cmp.to_json(), indent=1, default=str))
+        return
+    headers, rows, common = cmpmod.view(cmp)
+    style = {cmpmod.MARKS[cmpmod.REGRESSION]: "red", cmpmod.MARKS[cmpmod.GAIN]: "green"}
+    t = Table(*headers, box=None, title=escape(cmpmod.summary(cmp)))
+    for r in rows:
+        t.add_row(*map(escape, r), style=style.get(r[-1]))
+    console.print(t)
+    if common:
+        console.print("common to every pair: " + ", ".join(f"{k} = {v}" for k, v in common.items()), markup=False)
+    for line in cmpmod.unpaired_lines(cmp):
+        console.print(line, markup=False)
+
+
+@main.command()
+@click.option("--lab-dir", default=None, help="the lab folder to show (default ./labdata)")
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="address to listen on; another than loopback shows the lab to everyone who can reach it",
+)
+@click.option("--port", type=int, default=8765, show_default=True)
+def serve(lab_dir, host, port):
+    """A read-only live page of a lab folder: every device's lane, its cell, progress, time left, failures."""
+    from .serve import serve as run_server
+
+    d = _lab_dir(lab_dir)
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        err.print(f"[yellow]warning[/]: listening on {escape(host)}: anyone who can reach it sees this lab")
+    run_server(d, host, port, say=lambda s: console.print(s, markup=False))
+
+
+@main.command("plan")
+@click.argument("recipe", type=click.Path(path_type=Path))
+@click.option(
+    "--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')"
+)
+@click.option("--lab-dir", default=None, help="where the ledger lives (default ./labdata)")
+@click.option("--source", "src_spec", default=None, help="override the recipe's llama.cpp source")
+def plan_cmd(recipe, lab_file, lab_dir, src_spec):
+    """What `devicelab run RECIPE` would do, doing none of it: cells per device, what is done, what will be
+    downloaded, built and quantized, and a time estimate from the ledger's history."""
+    from .preview import preview
+
+    pv = preview(recipe, lab_file, _lab_dir(lab_dir), src_spec)
+    console.print(f"[bold]{escape(pv.recipe)}[/]: {escape(pv.source)}")
+    for line in pv.work:
+        console.print(f"  • {line}", markup=False)
+    console.print(
+        "  • each device's own llama.cpp build is chosen at its first contact (from its facts) and reused when cached",
+        markup=False,
+    )
+    longest = 0.0
+    for dev, cells in pv.cells.items():
+        secs, unknown = pv.device_seconds(dev)
+        longest = max(longest, secs)
+        done = sum(1 for _, st, _ in cells if st in ("done", "skipped"))
+        console.print(
+            f"[bold]{escape(dev)}[/]: {len(cells)} cells, {done} done, {len(cells) - done} to run (≈ "
+            f"{secs / 60:.1f} min{f'; {unknown} with no history to estimate from' if unknown else ''})"
+        )
+        t = Table("cell", "status", "estimate", box=None)
+        for c, st, s in cells:
+            t.add_row(escape(c.label().removeprefix(f"{dev} ")), st, "—" if s is None else f"{s:.0f} s")
+        console.print(t)
+    console.print(
+        f"done cells found by {pv.matched_by}; all devices run at once: ≈ {longest / 60:.1f} min of "
+        "cells (the slowest device), plus what is listed above",
+        markup=False,
+    )
+
+
+@main.command()
+@click.argument("recipe", type=click.Path(path_type=Path))
+@click.option("--metric", required=True, help="the metric that regressed (e.g. decode_tps)")
+@click.option("--repo", type=click.Path(path_type=Path), default=None, help="a llama.cpp git clone")
+@click.option("--good", default=None, help="a revision of --repo that is good (older)")
+@click.option("--bad", default=None, help="a revision of --repo that is bad (newer)")
+@click.option(
+    "--sources",
+    "source_list",
+    default=None,
+    metavar="SPEC,SPEC,…",
+    help="instead of --repo: an ordered list of sources, good first, bad last",
+)
+@click.option("--lab", "lab_file", type=click.Path(path_type=Path), default=None)
+@click.option("--lab-dir", default=None)
+@click.option("--alpha", type=float, default=0.05, show_default=True)
+@click.option("--min-effect", type=float, default=0.03, show_default=True)
+@click.option("-j", "--jobs", type=int, default=None)
+def bisect(recipe, metric, repo, good, bad, source_list, lab_file, lab_dir, alpha, min_effect, jobs):
+    """Find the first llama.cpp commit that made METRIC worse, measuring on the recipe's device."""
+    from . import bisection
+    from .ledger import Ledger, ledger_path
+    from .runner.orchestrator import Orchestrator
+    from .runner.placement import LocalPlacement
+
+    if source_list:
+        cands = bisection.list_candidates([s.strip() for s in source_list.split(",") if s.strip()])
+    elif repo and good and bad:
+        cands = bisection.git_candidates(repo, good, bad)
+    else:
+        raise DevicelabError("bisect: give --repo CLONE --good REV --bad REV, or --sources GOOD,…,BAD")
+    d = _lab_dir(lab_dir)
+
+    def measure(c):
+        o = Orchestrator(recipe, lab_file, d, source_override=c.spec, jobs=jobs)
+        if len(o.recipe.devices) != 1:
+            raise DevicelabError(
+                f"bisect: {recipe} runs on {len(o.recipe.devices)} devices; give a recipe for the "
+                "one device where the regression happens"
+            )
+        with _progress() as prog:
+            o.ev = _RichEvents(prog)
+            rep = o.run(LocalPlacement())
+        if rep.failed:
+            raise DevicelabError(f"bisect: {len(rep.failed)} cell(s) failed at {c.commit[:12]}; see `devicelab cells`")
+        rows = Ledger(ledger_path(d)).rows_frame(recipe=o.recipe.name)
+        return rows[rows["build_commit"] == c.commit]
+
+    def said(st):
+        ratio = f"{metric} ×{st.ratio:.3f} of the good end" if st.ratio is not None else ""
+        p = f" (p {st.p:.2g})" if st.p is not None else ""
+        console.print(
+            f"{st.candidate.commit[:12]} {escape(st.candidate.subject[:60])}: {ratio}{p} → "
+            f"[{'red' if st.verdict == 'bad' else 'green'}]{st.verdict}[/]"
+        )
+
+    console.print(
+        f"bisecting {len(cands)} llama.cpp commits on {metric} (≈ {max(1, (len(cands) - 2).bit_length())} "
+        "steps after both ends)"
+    )
+    culprit, steps = bisection.bisect(cands, measure, metric, alpha, min_effect, said)
+    console.print(
+        f"[bold]first bad commit: {culprit.commit}[/] {escape(culprit.subject)} ({len(steps)} sources measured)"
+    )
 
 
 # ---------------------------------------------------------------- devices
@@ -661,14 +985,12 @@ def _print_recs(rows, spec, as_json=False):
 
 
 def _print_rec(v) -> None:
-    from .tables import NO_PICK
-
     p = v.pick
     console.print(
         f"[bold green]{v.device}: ship {escape(p.label)}[/] ({p.bpw} bits/w, {p.mib} MiB, decode {p.decode} "
         f"tok/s, KLD {p.kld})"
         if p
-        else f"[bold red]{v.device}: {NO_PICK}[/]"
+        else f"[bold red]{v.device}: {escape(v.no_pick)}[/]"
     )
     console.print(f"[dim]{v.constraints}[/]")
     for line in (
@@ -697,6 +1019,57 @@ def _print_min_ram(v) -> None:
     console.print(t)
     if not all(m.measured for m in v.min_ram):
         console.print("  * runtime overhead not measured for this file: the default assumed", markup=False)
+
+
+# ---------------------------------------------------------------- the ledger's upkeep
+@main.group("ledger")
+def ledger_group():
+    """The ledger's size and upkeep: compaction, VACUUM, the raw artifacts kept."""
+
+
+@ledger_group.command("info")
+@click.option("--lab-dir", default=None)
+def ledger_info(lab_dir):
+    """Runs, cells, rows, the facts stored once, and the file's bytes per row."""
+    from .ledger import Ledger, ledger_path
+
+    for k, v in Ledger(ledger_path(_lab_dir(lab_dir))).info().items():
+        console.print(f"{k}: {v}")
+
+
+@ledger_group.command("compact")
+@click.option("--lab-dir", default=None)
+@click.option(
+    "--keep",
+    type=click.Choice(["latest", "done", "all"]),
+    default="latest",
+    show_default=True,
+    help="raw artifacts kept: each cell's latest attempt (latest), only done cells' latest (done), all",
+)
+@click.option("--dry-run", is_flag=True, help="say what would go; remove nothing")
+def ledger_compact(lab_dir, keep, dry_run):
+    """Drop what no row refers to any more and the raw artifacts --keep does not keep. Always kept: each done
+    cell's latest attempt (what `reparse` re-derives its rows from) and every folder of a running cell."""
+    from .ledger import Ledger, ledger_path
+
+    dropped, pr = Ledger(ledger_path(_lab_dir(lab_dir))).compact(keep, dry_run)
+    if dropped:
+        console.print("dropped " + ", ".join(f"{n} {t}" for t, n in dropped.items()) + " no row refers to")
+    verb = "would remove" if dry_run else "removed"
+    console.print(
+        f"{verb} {len(pr.removed)} attempt folder(s), {pr.bytes / 2**20:.1f} MiB (--keep {keep}); "
+        f"kept {pr.kept}" + (f"; {pr.unknown} folder(s) of no cell here left alone" if pr.unknown else "")
+    )
+
+
+@ledger_group.command("vacuum")
+@click.option("--lab-dir", default=None)
+def ledger_vacuum(lab_dir):
+    """Rewrite the ledger file without its free pages (after compact) and refresh the planner's statistics."""
+    from .ledger import Ledger, ledger_path
+
+    before, after = Ledger(ledger_path(_lab_dir(lab_dir))).vacuum()
+    console.print(f"ledger: {before / 2**20:.1f} MiB → {after / 2**20:.1f} MiB")
 
 
 if __name__ == "__main__":  # python -m devicelab.cli

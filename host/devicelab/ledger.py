@@ -3,7 +3,14 @@
 A cell's rows and its 'done' status are written in one transaction, so a run killed at any instant
 leaves each cell either done with all its rows or not done with none: resuming re-runs exactly the
 unfinished cells. Raw artifacts live beside the ledger (artifacts/<cell_id>/attempt-N/) so every row
-can be re-derived from what the device printed."""
+can be re-derived from what the device printed.
+
+Schema version 2 (ledger_schema): each fact is stored once — device facts, build flags, tensor types,
+calibrations in `facts`, a cell's context in `contexts`, a row's test/metric shape in `shapes`, all keyed by
+content hash — and a row holds its value and two small keys (≈ 75 bytes a row on disk instead of ≈ 1.4 kB). The
+view `rows` and `rows_frame` still give the wide row. A version-1 file is migrated in place on first open
+(ledger_migrate: a copy first, one transaction, resumable). Readers select in the database on connections of
+their own (ledger_query); `compact`/`vacuum` and the artifacts' keep policy live in ledger_keep."""
 
 from __future__ import annotations
 
@@ -17,24 +24,11 @@ import uuid
 from pathlib import Path
 from typing import Iterable
 
+from . import ledger_schema as ls
 from .errors import DevicelabError
 from .schema import ROW_COLUMNS, Row
 
-REAL_COLUMNS = ("value", "stddev", "bpw", "temp_start_c", "temp_end_c", "battery_wh")
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS runs (
-  run_id TEXT PRIMARY KEY, recipe TEXT, recipe_sha TEXT, started_at TEXT, finished_at TEXT,
-  status TEXT, cells_total INTEGER, cells_run INTEGER, cells_skipped INTEGER);
-CREATE TABLE IF NOT EXISTS cells (
-  cell_id TEXT PRIMARY KEY, recipe TEXT, device TEXT, model TEXT, quant TEXT, payload TEXT,
-  params TEXT, status TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, run_id TEXT,
-  started_at TEXT, finished_at TEXT, artifacts TEXT, error TEXT);
-CREATE TABLE IF NOT EXISTS rows (
-  row_id INTEGER PRIMARY KEY AUTOINCREMENT,
-  {", ".join(f"{c} {'REAL' if c in REAL_COLUMNS else 'TEXT'}" for c in ROW_COLUMNS)});
-CREATE INDEX IF NOT EXISTS rows_cell ON rows(cell_id);
-CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT);
-"""
+REAL_COLUMNS = ls.REAL_COLUMNS
 
 DONE, PENDING, RUNNING, FAILED, RETRYABLE = "done", "pending", "running", "failed", "failed-retryable"
 SKIPPED = "skipped"  # the device cannot do this cell (e.g. no cgroup to set a CPU quota): terminal, with a reason
@@ -69,14 +63,12 @@ class Ledger:
         self._lock = threading.RLock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
-            self.db.executescript(SCHEMA)
-            have = {r[1] for r in self.db.execute("PRAGMA table_info(rows)")}
-            for c in ROW_COLUMNS:  # a ledger from an older devicelab gains the new columns, keeps its rows
-                if c not in have:
-                    self.db.execute(f"ALTER TABLE rows ADD COLUMN {c} {'REAL' if c in REAL_COLUMNS else 'TEXT'}")
+            self.db = ls.connect(self.path)
+            self.db.executescript(ls.BASE)
+            from .ledger_migrate import open_schema
+
+            open_schema(self.db, self.path)
+            self.db.execute(ls.stage_ddl())
         except sqlite3.DatabaseError as e:
             raise DevicelabError(
                 f"{self.path} is not a devicelab ledger ({e}); point --lab-dir at another folder"
@@ -91,6 +83,10 @@ class Ledger:
 
     @_locked
     def close(self):
+        try:
+            self.db.execute("PRAGMA optimize")  # the planner's statistics, refreshed where they went stale
+        except sqlite3.Error:
+            pass
         self.db.close()
 
     # ---- runs ----
@@ -171,20 +167,34 @@ class Ledger:
         qs = ", ".join("?" for _ in ROW_COLUMNS)
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute("DELETE FROM rows WHERE cell_id=?", (cell_id,))
+            self._delete_rows(cell_id)
+            self.db.execute("DELETE FROM temp.stage")
             self.db.executemany(
-                f"INSERT INTO rows ({cols}) VALUES ({qs})", [tuple(_sql(rec[c]) for c in ROW_COLUMNS) for rec in recs]
+                f"INSERT INTO temp.stage ({cols}) VALUES ({qs})",
+                [tuple(_sql(rec[c]) for c in ROW_COLUMNS) for rec in recs],
             )
+            ls.normalize(self.db, "temp.stage", keep_ids=False)
+            self.db.execute("DELETE FROM temp.stage")
             if done:
                 self.db.execute(
                     "UPDATE cells SET status=?, finished_at=?, error=NULL WHERE cell_id=?", (DONE, _now(), cell_id)
                 )
+                c = self.db.execute("SELECT * FROM cells WHERE cell_id=?", (cell_id,)).fetchone()
+                if c is not None:
+                    self.db.execute(
+                        "INSERT INTO latest (key, cell_id) VALUES (?, ?) "
+                        "ON CONFLICT(key) DO UPDATE SET cell_id=excluded.cell_id",
+                        (ls.logical_key(dict(c)), cell_id),
+                    )
+
+    def _delete_rows(self, cell_id: str) -> None:
+        self.db.execute("DELETE FROM rowdata WHERE ctx IN (SELECT id FROM contexts WHERE cell_id=?)", (cell_id,))
 
     @_locked
     def skip_cell(self, cell_id: str, reason: str) -> None:
         with self.db:
             self.db.execute("BEGIN IMMEDIATE")
-            self.db.execute("DELETE FROM rows WHERE cell_id=?", (cell_id,))
+            self._delete_rows(cell_id)
             self.db.execute(
                 "UPDATE cells SET status=?, finished_at=?, error=? WHERE cell_id=?",
                 (SKIPPED, _now(), reason[:2000], cell_id),
@@ -192,9 +202,11 @@ class Ledger:
 
     @_locked
     def fail_cell(self, cell_id: str, error: str, retryable: bool) -> None:
+        """A cell that did not finish: failed. A cell already done or skipped keeps its outcome (two writers — a
+        cluster's driver and its head — may both judge one cell at the end of a run)."""
         self.db.execute(
-            "UPDATE cells SET status=?, finished_at=?, error=? WHERE cell_id=?",
-            (RETRYABLE if retryable else FAILED, _now(), error[:2000], cell_id),
+            "UPDATE cells SET status=?, finished_at=?, error=? WHERE cell_id=? AND status NOT IN (?, ?)",
+            (RETRYABLE if retryable else FAILED, _now(), error[:2000], cell_id, DONE, SKIPPED),
         )
 
     @_locked
@@ -236,39 +248,87 @@ class Ledger:
         )
 
     # ---- rows ----
-    @_locked
-    def rows_frame(self, recipe: str | None = None, done_only: bool = True):
-        import pandas as pd
+    def rows_frame(
+        self,
+        recipe: str | None = None,
+        done_only: bool = True,
+        *,
+        run: str | None = None,
+        device: str | Iterable[str] | None = None,
+        since: str | None = None,
+        latest: bool = False,
+        columns: Iterable[str] | None = None,
+        match: dict | None = None,
+    ):
+        """The wide rows (every column of schema.ROW_COLUMNS, as version 1 returned them), selected in the
+        database on a connection of its own (a long read never holds up a writer):
 
-        q = "SELECT r.* FROM rows r JOIN cells c ON c.cell_id = r.cell_id"
-        conds, args = [], []
-        if done_only:
-            conds.append("c.status = 'done'")
-        if recipe:
-            conds.append("r.recipe = ?")
-            args.append(recipe)
-        if conds:
-            q += " WHERE " + " AND ".join(conds)
-        df = pd.read_sql_query(q + " ORDER BY r.row_id", self.db, params=args)
-        for c in (
-            "threads",
-            "n_prompt",
-            "n_gen",
-            "n_depth",
-            "ctx",
-            "n",
-            "model_bytes",
-            "n_params",
-            "kv_bytes_per_token",
-            "device_mem_bytes",
-            "ram_budget_bytes",
-            "contention",
-            "n_parallel",
-        ):
-            df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
-        df["cpu_quota"] = pd.to_numeric(df["cpu_quota"], errors="coerce")
-        df["throttled"] = df["throttled"].map({"1": True, "0": False, 1: True, 0: False, "True": True, "False": False})
-        return df
+        recipe, device (a name or several), run (a run id, or "latest": the run that recorded last), since (an
+        ISO date or time, or "30d" for the last 30 days: rows recorded then or later), latest (per logical cell —
+        recipe, device, model, quant, payload, parameters — only its newest done cell, not older commits' or
+        model files'), columns (only these, plus row_id), match ({column: (text, prefix?)} on cell-level text
+        columns: ledger_query.MATCHABLE). Without filters: every done cell's rows, as before."""
+        from .ledger_query import Selection, frame
+
+        sel = Selection(
+            recipe=recipe,
+            done_only=done_only,
+            run=run,
+            device=device,
+            since=since,
+            latest=latest,
+            columns=columns,
+            match=match,
+        )
+        db = ls.connect(self.path, readonly=True)
+        try:
+            return frame(db, sel)
+        finally:
+            db.close()
+
+    # ---- upkeep ----
+    @_locked
+    def compact(self, keep: str = "latest", dry_run: bool = False):
+        """Drop what no row refers to any more, then prune raw artifacts by `keep` (ledger_keep: what reparse
+        needs is always kept). Returns (dropped per table, ledger_keep.Pruned)."""
+        from . import ledger_keep as lk
+
+        dropped = {} if dry_run else lk.compact(self.db)
+        return dropped, lk.prune_artifacts(self.db, self.artifacts_dir, keep, dry_run)
+
+    @_locked
+    def vacuum(self) -> tuple[int, int]:
+        """VACUUM + ANALYZE; the file's size before and after."""
+        from . import ledger_keep as lk
+
+        before = self.size()
+        lk.vacuum(self.db)
+        return before, self.size()
+
+    def size(self) -> int:
+        return sum(p.stat().st_size for p in (self.path, self.path.with_name(self.path.name + "-wal")) if p.exists())
+
+    def info(self) -> dict:
+        """Counts of each table and the file's bytes per row."""
+        db = self.reader()
+        try:
+            n = {
+                t: db.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in ("runs", "cells", "rowdata", "contexts", "shapes", "facts", "latest")
+            }
+        finally:
+            db.close()
+        size = self.size()
+        return {
+            "schema_version": ls.VERSION,
+            **n,
+            "bytes": size,
+            "bytes_per_row": round(size / n["rowdata"], 1) if n["rowdata"] else None,
+        }
+
+    def reader(self):
+        """A read-only connection of its own (close it when done)."""
+        return ls.connect(self.path, readonly=True)
 
 
 def _sql(v):

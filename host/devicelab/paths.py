@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -31,3 +32,22 @@ def device_payloads_dir() -> Path:
         if (cand / "sampler.sh").exists():
             return cand
     raise FileNotFoundError("device_payloads/ not found; set DEVICELAB_PAYLOADS to the repo's device_payloads folder")
+
+
+@contextmanager
+def result_lock(out: Path):
+    """Held while one process makes the file `out` (a lock file beside it): a second process that wants the same
+    result waits, then finds it made. Several results in one folder are made at once."""
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def temp_for(out: Path) -> Path:
+    """A temporary name beside `out` that no other process or thread uses (renamed into place when complete)."""
+    import uuid
+
+    return out.parent / f".{out.stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp{out.suffix}"

@@ -6,7 +6,7 @@ import hashlib
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import kinds
 from .build.backends import Backend
@@ -94,6 +94,21 @@ class Recipe(_Strict):
     # GPU backends as a measured axis: each device's cells once per backend (a backend a device cannot have is
     # a skipped cell with the reason); unset, each device's default build (cpu; metal on a Mac)
     backends: list[Backend] | None = Field(default=None, min_length=1)
+    # llama.cpp as a swept axis: several sources (pypi:llama-cpp-python==X, a checkout, git:PATH@REV), each its
+    # own build and its own cells (cell ids carry the commit); run one after the other on every device
+    sources: list[str] | None = Field(default=None, min_length=1)
+
+    @model_validator(mode="after")
+    def _one_source_key(self):
+        if self.sources is not None and "source" in self.model_fields_set:
+            raise ValueError("give source: (one llama.cpp) or sources: (a sweep), not both")
+        if self.sources is not None and len(set(self.sources)) != len(self.sources):
+            raise ValueError("sources: a source is listed twice")
+        return self
+
+    def source_specs(self) -> list[str]:
+        """The llama.cpp sources the recipe runs, in order."""
+        return list(self.sources or [self.source])
 
     @field_validator("quants")
     @classmethod

@@ -81,6 +81,9 @@ class DeviceRecommendation:
     per_task: dict = field(default_factory=dict)  # task -> {"pick", "accuracy", "base_accuracy", "candidates"}
     min_ram: list = field(default_factory=list)  # per model and quant: the smallest phone and laptop it fits
     backends: list = field(default_factory=list)  # per model and quant measured on several backends: who won, why
+    # no quality measured on this device (bench only): the picks on what was measured ("fastest", "smallest" ->
+    # the candidate), each within the RAM budget and the speed target
+    unjudged: dict = field(default_factory=dict)
 
     @property
     def frontier(self) -> list[Candidate]:
@@ -98,6 +101,7 @@ class DeviceRecommendation:
             "per_task": self.per_task,
             "min_ram": self.min_ram,
             "backends": self.backends,
+            "no_quality_measured": {k: c.label for k, c in self.unjudged.items()} or None,
         }
 
 
@@ -293,9 +297,12 @@ def fits_ram(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
     ]
 
 
+NO_KLD = "no KLD measured"
+
+
 def kld_bar(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
     if c.kld_mean is None:
-        return ["no KLD measured"]
+        return [NO_KLD]
     return [f"mean KLD {c.kld_mean:.4f} > {spec.max_kld_mean}"] if c.kld_mean > spec.max_kld_mean else []
 
 
@@ -550,6 +557,20 @@ def _per_task(rows: pd.DataFrame, spec: RecommendSpec, tasks: list[str], multi: 
     return per_task
 
 
+def unjudged_picks(cs: list[Candidate]) -> dict[str, Candidate]:
+    """Where no candidate has any quality measured (a bench-only recipe): the fastest and the smallest of those
+    that fail nothing but the quality bar — the speed and memory picks that were measured."""
+    if any(c.kld_mean is not None or c.accuracy is not None for c in cs):
+        return {}
+    ok = [c for c in cs if all(f == NO_KLD for f in c.failures) and c.decode_tps is not None]
+    if not ok:
+        return {}
+    return {
+        "fastest": max(ok, key=lambda c: (c.decode_tps, -c.model_bytes)),
+        "smallest": min(ok, key=lambda c: (c.model_bytes, -(c.decode_tps or 0))),
+    }
+
+
 def _device(device: str, cs: list[Candidate], rows: pd.DataFrame, spec: RecommendSpec) -> DeviceRecommendation:
     multi = len({c.backend for c in cs}) > 1
     for c in cs:
@@ -572,6 +593,7 @@ def _device(device: str, cs: list[Candidate], rows: pd.DataFrame, spec: Recommen
         per_task=per_task,
         min_ram=min_ram_table(cs, spec),
         backends=backend_lines(cs),
+        unjudged=unjudged_picks(cs),
     )
 
 

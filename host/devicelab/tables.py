@@ -122,6 +122,12 @@ def wide(rows: pd.DataFrame) -> pd.DataFrame:
 
 NONE = "—"  # a missing value's cell
 NO_PICK = "no quant meets the constraints"
+NO_QUALITY = "no quality measured: the speed and memory picks alone"
+ADD_QUALITY = (
+    "no quality was measured on this device (the recipe has no kld or eval payload), so no quant can be "
+    "judged against the quality bar: add `- kind: kld` (KL divergence against the model's F16 base, "
+    "made once on the host) or an eval payload to the recipe's payloads"
+)
 
 
 def text(v, fmt: str | Callable | None = None) -> str:
@@ -197,6 +203,8 @@ class RecommendationView:
     quality_axis: str
     spec: dict
     constraints: str
+    sentences: tuple[str, ...] = ()  # the constraints in sentences
+    no_pick: str = NO_PICK  # the headline where nothing is picked
 
 
 CANDIDATE_FMT = {
@@ -248,7 +256,7 @@ def _listing(r: DeviceRecommendation) -> tuple[str, ...]:
 
 def reasons(r: DeviceRecommendation) -> tuple[str, ...]:
     """The pick's RAM line (budget, its source, the need), its energy per prompt, the per-task picks."""
-    out, c = [], r.pick or (r.candidates[0] if r.candidates else None)
+    out, c = [], r.pick or r.unjudged.get("smallest") or (r.candidates[0] if r.candidates else None)
     if c is None:
         return ()
     mib = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
@@ -264,6 +272,14 @@ def reasons(r: DeviceRecommendation) -> tuple[str, ...]:
         out.append(f"energy: {c.wh_per_prompt * 1000:.3g} mWh per prompt ({c.prompt_shape}){share} [{c.energy_source}]")
     else:
         out.append("energy: not measurable on this device (no power source)")
+    if r.unjudged:
+        out.insert(0, ADD_QUALITY)
+        out[1:1] = [
+            f"on speed and memory alone ({'measured' if k == 'fastest' else 'file size'}): the {k} is "
+            f"{u.label} ({u.decode_tps:.1f} tok/s decode, {u.model_bytes / 1024**2:.0f} MiB), within the RAM "
+            "budget and the speed target"
+            for k, u in r.unjudged.items()
+        ]
     out += [f"backends: {x}" if not x.startswith(" ") else x for x in r.backends]
     for task, t in r.per_task.items():
         if t["pick"]:
@@ -337,6 +353,45 @@ def constraints_line(spec: RecommendSpec) -> str:
     )
 
 
+def constraints_sentences(spec: RecommendSpec) -> tuple[str, ...]:
+    """The constraints as a person would say them, one sentence each."""
+    out = [
+        f"A quant must fit the device's RAM budget for one app at a {spec.context:,}-token context: its weights, "
+        f"a {spec.kv_cache_type.upper() if spec.kv_cache_type == 'f16' else spec.kv_cache_type} KV cache and the "
+        "runtime overhead measured on the device.",
+        f"Its mean KL divergence from the base must be at most {spec.max_kld_mean:g} nats, and its perplexity at "
+        f"most {spec.max_ppl_ratio:g}× the base's.",
+        (
+            f"It must decode at least {spec.min_decode_tps:g} tokens per second."
+            if spec.min_decode_tps
+            else "There is no speed target."
+        ),
+        (
+            f"Decoding must cost at most {spec.max_energy_per_token:g} J per token."
+            if spec.max_energy_per_token
+            else "There is no energy budget."
+        ),
+    ]
+    if spec.min_accuracy is not None:
+        out.append(f"Its task accuracy must be at least {spec.min_accuracy:.0%}.")
+    if spec.max_accuracy_drop is not None:
+        out.append(
+            f"On each task it may be at most {spec.max_accuracy_drop:g} accuracy points below the unquantized model."
+        )
+    out.append(
+        f"On every device its logits may differ from the host's for the same file by a KLD of at most "
+        f"{spec.max_devhost_kld:g}."
+    )
+    out.append(
+        {
+            "smallest": "Of the quants that pass, the smallest file is picked.",
+            "fastest": "Of the quants that pass, the fastest decoder is picked.",
+            "best_quality": "Of the quants that pass, the one closest to the base is picked.",
+        }[spec.prefer]
+    )
+    return tuple(out)
+
+
 def recommendation_view(r: DeviceRecommendation, rows: pd.DataFrame, spec: RecommendSpec) -> RecommendationView:
     p = r.pick
     pick = (
@@ -367,6 +422,8 @@ def recommendation_view(r: DeviceRecommendation, rows: pd.DataFrame, spec: Recom
         quality_axis=r.quality_axis,
         spec=r.spec,
         constraints=constraints_line(spec),
+        sentences=constraints_sentences(spec),
+        no_pick=NO_QUALITY if r.unjudged else NO_PICK,
     )
 
 

@@ -190,6 +190,62 @@ def _stream(argv: list[str], log: Path, env: dict, step: str, progress) -> None:
         rc = p.wait()
     if rc != 0:
         text = log.read_text(errors="replace")
+        reason = cmake_reason(text)
+        if reason:
+            fix = cmake_fix(reason)
+            raise DevicelabError(
+                f"llama.cpp {step} failed: {reason}" + (f"; {fix}" if fix else "") + f" (log: {log})",
+                detail=tail(text, 30),
+            )
         errs = [l.strip() for l in text.splitlines() if re.search(r"\berror\b|CMake Error", l, re.I)]
         first = errs[0][:200] if errs else f"exit status {rc}"
         raise DevicelabError(f"llama.cpp {step} failed: {first} (log: {log})", detail=tail(text, 30))
+
+
+def cmake_reason(text: str) -> str:
+    """The message of CMake's first error, not its header: the indented lines under "CMake Error at FILE:LINE
+    (message):" up to the call stack or a blank line ("Could NOT find Vulkan (missing: Vulkan_LIBRARY …)")."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if not line.startswith("CMake Error"):
+            continue
+        m = re.match(r"CMake Error:\s*(.+)$", line)  # "CMake Error: MESSAGE" (no location)
+        msg = [m.group(1).strip()] if m else []
+        for more in lines[i + 1 :]:
+            if not more.strip() or more.startswith("Call Stack") or not more.startswith(" "):
+                if msg:
+                    break
+                continue
+            msg.append(more.strip())
+        return " ".join(msg)[:400]
+    return ""
+
+
+# what CMake said → what to do about it (the first that matches)
+CMAKE_FIXES = (
+    (
+        r"Could NOT find Vulkan|Vulkan_INCLUDE_DIR|Vulkan_LIBRARY",
+        "install Vulkan's development files (Debian: libvulkan-dev, glslc and spirv-headers), or point "
+        "DEVICELAB_VULKAN_INCLUDE_DIR at Vulkan headers ≥ 1.3.261 (`.ci/vulkan-headers.sh DIR` unpacks Debian 13's)",
+    ),
+    (r"glslc", "install the GLSL compiler glslc (Debian: glslc)"),
+    (
+        r"Could NOT find OpenCL",
+        "put the OpenCL headers and ICD loader in the NDK sysroot (llama.cpp's docs/backend/OPENCL.md)",
+    ),
+    (r"CUDA|nvcc", "install the CUDA toolkit (nvcc on PATH, or CUDACXX naming it)"),
+    (
+        r"No CMAKE_(C|CXX)_COMPILER|compiler identification is unknown",
+        "install a C/C++ compiler (Debian: build-essential; a cross target: its gcc, e.g. gcc-aarch64-linux-gnu)",
+    ),
+    (r"CMake [\d.]+ or higher is required", "install a newer CMake (`pip install cmake`)"),
+    (r"Could NOT find (\w+)", "install {0}'s development package"),
+)
+
+
+def cmake_fix(reason: str) -> str:
+    for pattern, fix in CMAKE_FIXES:
+        m = re.search(pattern, reason)
+        if m:
+            return fix.format(*m.groups()) if m.groups() and "{0}" in fix else fix
+    return ""

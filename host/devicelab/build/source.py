@@ -34,7 +34,12 @@ class Source:
 
 
 def _is_llama_tree(p: Path) -> bool:
-    return (p / "CMakeLists.txt").exists() and (p / "ggml").is_dir() and (p / "tools").is_dir()
+    # tools/ since mid-2025; examples/ before (older releases' trees, for sweeps and bisects across them)
+    return (
+        (p / "CMakeLists.txt").exists()
+        and (p / "ggml").is_dir()
+        and ((p / "tools").is_dir() or (p / "examples").is_dir())
+    )
 
 
 def _git_commit(tree: Path) -> tuple[str, bool] | None:
@@ -112,12 +117,60 @@ def _pip_download(requirement: str) -> Path:
     return hits[-1]
 
 
+GIT_PREFIX = "git:"
+
+
+def _git(repo: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _git_spec(spec: str) -> tuple[Path, str]:
+    """'git:PATH@REV' -> (the repository, the full commit REV names)."""
+    body = spec[len(GIT_PREFIX) :]
+    path, at, rev = body.rpartition("@")
+    if not at or not path or not rev:
+        raise DevicelabError(f"llama.cpp source {spec}: give git:PATH@REV (a llama.cpp clone and a revision)")
+    repo = Path(path).expanduser().resolve()
+    r = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if r.returncode != 0 or not r.stdout.strip():
+        raise DevicelabError(
+            f"llama.cpp source {spec}: {repo} has no revision {rev!r} (is it a git clone of llama.cpp?)"
+        )
+    return repo, r.stdout.strip()
+
+
+def _git_checkout(repo: Path, commit: str) -> Path:
+    """The repository at `commit`, in one worktree per repository under DEVICELAB_HOME/sources, checked out in
+    place: every revision's build then sees the same source paths, so ccache reuses what did not change."""
+    import hashlib
+
+    wt = paths.sub("sources") / f"git-{hashlib.sha256(str(repo).encode()).hexdigest()[:12]}"
+    if not (wt / ".git").exists():
+        _git(repo, "worktree", "prune")
+        r = _git(repo, "worktree", "add", "--detach", "--force", str(wt), commit)
+    else:
+        r = _git(wt, "checkout", "--detach", "--force", "--quiet", commit)
+    if r.returncode != 0:
+        raise DevicelabError(f"could not check out {commit[:12]} of {repo}: {(r.stderr.strip() or 'git failed')[:300]}")
+    return wt
+
+
+def commit_of(spec: str | None) -> str:
+    """The commit a source spec names, without changing any tree (a git revision is not checked out)."""
+    if spec and spec.startswith(GIT_PREFIX):
+        return _git_spec(spec)[1]
+    return resolve(spec).commit
+
+
 def resolve(spec: str | None = None) -> Source:
     """Turn a source spec into a Source with its commit. Specs: 'pypi:llama-cpp-python==X.Y.Z',
-    a path to a llama.cpp checkout / extracted sdist, or a path to a sdist .tar.gz."""
+    a path to a llama.cpp checkout / extracted sdist, a path to a sdist .tar.gz, or 'git:PATH@REV' (a revision
+    of a clone, checked out into devicelab's worktree of it)."""
     spec = spec or DEFAULT_SOURCE
     if spec.startswith("pypi:"):
         root = _extract_sdist(_pip_download(spec[len("pypi:") :]))
+    elif spec.startswith(GIT_PREFIX):
+        root = _git_checkout(*_git_spec(spec))
     else:
         p = Path(spec).expanduser()
         if not p.exists():

@@ -99,7 +99,10 @@ class Head:
         return getattr(self.ledger, name)(*a, **kw)
 
     def put_artifacts(self, cell_id: str, files: dict[str, bytes]) -> None:
-        blobs.write_tree(self.ledger.artifacts_dir / cell_id, files, f"{cell_id}'s artifacts")
+        blobs.check_hex(cell_id, "a cell id")
+        blobs.write_tree(
+            self.ledger.artifacts_dir / cell_id, files, f"{cell_id}'s artifacts", within=self.ledger.artifacts_dir
+        )
 
     # ---- host work, once ----
     def info(self) -> dict:
@@ -300,7 +303,7 @@ class LaneActor:
     def run(self, device: dict, cells: list, run_id: str, telemetry, info: dict, lease: dict) -> dict:
         d = device_from(device)
         _put_lease(d.name, lease)
-        staging = blobs.root() / "staging" / run_id / d.name
+        staging = blobs.root() / "staging" / blobs.check_name(run_id, "a run id") / blobs.check_name(d.name, "a device")
         try:
             self.lane = Lane(
                 d,

@@ -20,7 +20,7 @@ from .. import paths
 from ..errors import DevicelabError
 from ..lab import LAB_HOST_ENV, this_host  # noqa: F401 - this_host: the cluster's name for it
 from ..transports import open_transport
-from . import IDENTITY_KEY, KV_NAMESPACE, NODE_CACHE_ENV, resource
+from . import IDENTITY_KEY, KV_NAMESPACE, NODE_CACHE_ENV, blobs, resource
 
 
 def code_digest() -> str:
@@ -65,21 +65,58 @@ def need_ray() -> None:
         raise DevicelabError("a lab across several hosts needs Ray on each: pip install -e '.[cluster]'") from None
 
 
-def use_auth_token(make: bool = False) -> None:
-    """Ray's token authentication, on for every lab host: the head makes a token (~/.ray/auth_token) when it has
-    none; every other lab host needs a copy of it (that file, or RAY_AUTH_TOKEN) — without it, anyone who reaches
-    a node's port could run code on the lab's hosts and phones."""
+_insecure = False  # --insecure was given to this process: authentication stays off
+
+
+def use_auth_token(make: bool = False, insecure: bool = False, listens: bool = False) -> None:
+    """Ray's token authentication, on for every lab host: the head makes a token (~/.ray/auth_token, 0600 in a
+    0700 folder) when it has none; every other lab host needs a copy of it (that file, or RAY_AUTH_TOKEN) —
+    without it, anyone who reaches a node's port could run code on the lab's hosts and phones. A token file
+    other users can read is refused; a process that listens (`head`, `worker`) refuses RAY_AUTH_MODE=disabled
+    unless it was started with --insecure."""
+    global _insecure
     need_ray()
     from ray._private.authentication import authentication_token_setup as ats
 
-    if os.environ.get(ats.AUTH_MODE_ENV_VAR) is not None:  # the user's choice
+    mode = os.environ.get(ats.AUTH_MODE_ENV_VAR)
+    if insecure or _insecure:
+        _insecure = True
+        os.environ[ats.AUTH_MODE_ENV_VAR] = "disabled"
         return
+    if mode is not None and mode.lower() != "token" and listens:
+        raise DevicelabError(
+            f"{ats.AUTH_MODE_ENV_VAR}={mode} is set in this shell: it would turn the lab's "
+            f"authentication off; unset it (or start with --insecure, for a lab nobody else can "
+            "reach)"
+        )
+    path = Path(ats._get_default_token_path())
+    if make and not path.exists() and not os.environ.get("RAY_AUTH_TOKEN"):
+        _write_token(path, ats.generate_new_authentication_token())
+    _check_token_file(path)
     have = ats.AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True)
-    if make and not have:
-        ats.generate_and_save_token()
-        have = True
     if have:
         ats._enable_token_auth()  # for this process and the Ray processes it starts
+
+
+def _write_token(path: Path, token: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)
+
+
+def _check_token_file(path: Path) -> None:
+    """The token is the key to every lab host: refused when a user other than its owner may read it."""
+    if not path.exists():
+        return
+    for p, want in ((path, 0o600), (path.parent, 0o700)):
+        mode = p.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise DevicelabError(
+                f"{p} is readable by other users (mode {mode:o}): anyone with a login here could run "
+                f"code on every lab host; chmod {want:o} {path.parent} and chmod 600 {path}"
+            )
 
 
 def gcs(address: str):
@@ -180,6 +217,13 @@ def _common(devices, host: str, node_ip: str | None, ray_args: tuple[str, ...]) 
     return argv + ([f"--node-ip-address={node_ip}"] if node_ip else []) + list(ray_args)
 
 
+INSECURE_WARNING = (
+    "WARNING: --insecure: this lab's Ray cluster has no authentication; anyone who can reach its "
+    "ports can run code on every lab host and drive every device. Use it only on a network nobody "
+    "else can reach."
+)
+
+
 def run_head(
     lab: labmod.Lab,
     host: str,
@@ -188,9 +232,14 @@ def run_head(
     source_spec: str | None,
     ray_args: tuple[str, ...] = (),
     say=print,
+    insecure: bool = False,
 ) -> int:
     """Start the head node in the foreground, advertising the lab file's devices that have no lab_host."""
-    use_auth_token(make=True)
+    _stop_on_signals()
+    use_auth_token(make=True, insecure=insecure, listens=True)
+    blobs.clean_leftovers()
+    if insecure:
+        say(INSECURE_WARNING)
     mine = identity(source_spec)
     devices = lab.hosted_by(None)
     check_devices(devices, host)
@@ -232,9 +281,15 @@ def run_worker(
     cache: Path | None = None,
     ray_args: tuple[str, ...] = (),
     say=print,
+    insecure: bool = False,
 ) -> int:
     """Join this host to the head at `address` in the foreground, advertising its devices; refused in one line
     when its devicelab or llama.cpp differs from the head's, or a device of it is missing or taken."""
+    _stop_on_signals()
+    use_auth_token(insecure=insecure, listens=True)
+    blobs.clean_leftovers(Path(cache).expanduser() if cache else None)
+    if insecure:
+        say(INSECURE_WARNING)
     head = head_identity(address)
     why = mismatch(identity(source_spec), head)
     if why:
@@ -265,6 +320,18 @@ def run_worker(
         time.sleep(0.5)
     say(f"lab host {host} joined {address}: devices {', '.join(sorted(names))}")
     return _wait(p)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM and SIGHUP (a service manager, a closed terminal) stop the node like Ctrl-C: `ray start --block`
+    is stopped with it, and the cluster does not stay up behind a process that is gone."""
+    import signal
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
 
 
 def _wait(p: subprocess.Popen) -> int:

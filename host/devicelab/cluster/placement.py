@@ -35,6 +35,8 @@ class _LaneState:
 class ClusterPlacement:
     """Each lane on the lab host its device is plugged into (runner/placement.py's Placement)."""
 
+    sweeps_sources = False  # the head and every lab host hold one llama.cpp source
+
     def __init__(self, address: str):
         self.address = address
         self.su: RunSetup | None = None
@@ -110,8 +112,8 @@ class ClusterPlacement:
             raise
         finally:
             self._drain()
-            rep.ran = sum(1 for ok in self.outcome.values() if ok)
-            rep.failed = [c for c, ok in self.outcome.items() if not ok]
+            rep.ran += sum(1 for ok in self.outcome.values() if ok)
+            rep.failed += [c for c, ok in self.outcome.items() if not ok]
             for st in states:
                 self._release(st)
             ray.kill(self.head)

@@ -91,6 +91,18 @@ class Kind:
     name: ClassVar[str]
     spec: ClassVar[type[Spec]]
     per_model: ClassVar[bool] = True  # False: once per device (a property of the device, not a model)
+    # the row columns that make two of its rows comparable (compare-llama-bench's KEY_PROPERTIES): `compare` pairs
+    # rows equal on all of them except what is being compared
+    key_properties: ClassVar[tuple[str, ...]] = (
+        "device",
+        "model",
+        "quant",
+        "backend",
+        "n_gpu_layers",
+        "test",
+        "phase",
+        "metric",
+    )
 
     def where(self, params: dict) -> str:
         return DEVICE

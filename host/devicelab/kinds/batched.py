@@ -84,6 +84,7 @@ def parse_batched(stdout: str) -> list[Row]:
 @register
 class Batched(Kind):
     name = "batched"
+    key_properties = (*Kind.key_properties, "threads", "n_prompt", "n_gen", "n_parallel")
     spec = BatchedSpec
 
     def tools(self, params):

@@ -165,6 +165,9 @@ def rows(tests: list[BenchTest]) -> list[Row]:
         try:
             samples = [float(x) for x in r.get("samples_ts") or []]
             sd = statistics.stdev(samples) if len(samples) > 1 else 0.0
+            n: int | None = len(samples)
+            if not samples and r.get("stddev_ts") not in (None, ""):  # -o csv / -o sql: no repetitions kept
+                sd, n = float(r["stddev_ts"]), None
             common = dict(
                 test=bt.name,
                 phase=bt.kind,
@@ -172,7 +175,7 @@ def rows(tests: list[BenchTest]) -> list[Row]:
                 n_prompt=int(r["n_prompt"]),
                 n_gen=int(r["n_gen"]),
                 n_depth=int(r.get("n_depth") or 0),
-                n=len(samples),
+                n=n,
                 **gpu_columns(r),
             )
             out.append(
@@ -234,6 +237,17 @@ def affinity(P: dict, facts: dict, device: str) -> tuple[str | None, int, dict]:
 @register
 class Bench(Kind):
     name = "bench"
+    key_properties = (
+        *Kind.key_properties,
+        "threads",
+        "n_prompt",
+        "n_gen",
+        "n_depth",
+        "flash_attn",
+        "cpu_mask",
+        "cpu_quota",
+        "contention",
+    )
     spec = BenchSpec
 
     def tools(self, params):

@@ -207,15 +207,16 @@ def host_eval(host, model: str, quant: str, P: dict) -> dict:
     kept = keep(res)
     kept["provenance"] = {**lm.provenance, **versions, "seconds": time.time() - t0}
     text = json.dumps(kept, default=str)
-    tmp = out.with_suffix(".part")
+    tmp = paths.temp_for(out)
     tmp.write_text(text)
-    tmp.rename(out)
+    tmp.replace(out)
     return json.loads(text)  # the same shape as a cached result
 
 
 @register
 class Eval(Kind):
     name = "eval"
+    key_properties = (*Kind.key_properties, "eval_route", "ctx")
     spec = EvalSpec
 
     def where(self, params):

@@ -168,21 +168,24 @@ def _logits(host, model_file, sha: str, spec: dict, out_name: str, what: str):
     meta = out.with_suffix(".json")
     if out.exists() and meta.exists():
         return out
-    hb = host.host_build()
-    host.ev.stage(f"{what} (host, once)")
-    p = KLDParams(ctx=spec["ctx"], chunks=spec["chunks"], threads=max(1, os.cpu_count() or 2))
-    log = out.with_suffix(".log")
-    log.write_text("")
-    tmp = out.with_suffix(".part")
-    with host.cpu.work(what):
-        run_logged(
-            base_argv(str(hb.tool("llama-perplexity")), str(model_file), str(text), str(tmp), p),
-            log,
-            what=f"llama-perplexity ({what})",
-        )
-    tmp.rename(out)
-    ppl = parse_base_ppl(log.read_text(errors="replace"))
-    meta.write_text(json.dumps({"ppl_base": ppl, "sha256": sha, "text": str(text), **spec}))
+    with paths.result_lock(out):  # another process making the same logits: wait for them
+        if out.exists() and meta.exists():
+            return out
+        hb = host.host_build()
+        host.ev.stage(f"{what} (host, once)")
+        p = KLDParams(ctx=spec["ctx"], chunks=spec["chunks"], threads=max(1, os.cpu_count() or 2))
+        log = out.with_suffix(".log")
+        log.write_text("")
+        tmp = paths.temp_for(out)
+        with host.cpu.work(what):
+            run_logged(
+                base_argv(str(hb.tool("llama-perplexity")), str(model_file), str(text), str(tmp), p),
+                log,
+                what=f"llama-perplexity ({what})",
+            )
+        tmp.replace(out)
+        ppl = parse_base_ppl(log.read_text(errors="replace"))
+        meta.write_text(json.dumps({"ppl_base": ppl, "sha256": sha, "text": str(text), **spec}))
     return out
 
 
@@ -204,6 +207,7 @@ def host_quant_logits(host, model: str, quant: str, spec: dict):
 @register
 class KLD(Kind):
     name = "kld"
+    key_properties = (*Kind.key_properties, "ctx")
     spec = KLDSpec
 
     def tools(self, params):

@@ -51,6 +51,7 @@ def membw_rows(stdout: str) -> list[Row]:
 @register
 class Membw(Kind):
     name = "membw"
+    key_properties = (*Kind.key_properties, "threads")
     spec = MembwSpec
     per_model = False
 

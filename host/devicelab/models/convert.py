@@ -87,7 +87,7 @@ def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None,
     if not script.exists():
         raise DevicelabError(f"the llama.cpp tree {src.path} has no convert_hf_to_gguf.py")
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.gguf")
+    tmp = paths.temp_for(out)
     argv = [sys.executable, str(script), str(folder), "--outfile", str(tmp), "--outtype", outtype]
     log = out_dir / "convert.log"
     rc, text = _stream(argv, converter_env(src.path), log, progress, f"converting {_name(folder)} to {outtype}")
@@ -97,7 +97,7 @@ def to_gguf(folder: Path, outtype: str = "bf16", provenance: dict | None = None,
             f"{folder.name}: the pinned convert_hf_to_gguf.py ({src.short}) cannot take this "
             f"checkpoint: {_refusal(text)}; full log: {log}"
         )
-    tmp.rename(out)
+    tmp.replace(out)
     manifest.write_text(
         json.dumps(
             {
@@ -168,7 +168,7 @@ def lora_to_gguf(adapter: Path, base_checkpoint: Path, source=None) -> Path:
         return out
     check_extra()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.gguf")
+    tmp = paths.temp_for(out)
     log = out.parent / "convert.log"
     rc, text = _stream(
         [
@@ -196,7 +196,7 @@ def lora_to_gguf(adapter: Path, base_checkpoint: Path, source=None) -> Path:
             f"{adapter.name}: the pinned convert_lora_to_gguf.py ({src.short}) cannot take this "
             f"adapter: {_refusal(text)}; full log: {log}"
         )
-    tmp.rename(out)
+    tmp.replace(out)
     return out
 
 
@@ -210,8 +210,8 @@ def merge_lora(base: Path, lora: Path, export_tool: Path, threads: int | None = 
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp.gguf")
+    tmp = paths.temp_for(out)
     argv = [export_tool, "-m", base, "--lora", lora, "-o", tmp] + (["-t", str(threads)] if threads else [])
     run_logged(argv, out.parent / "export-lora.log", what=f"llama-export-lora {Path(base).name} + {Path(lora).name}")
-    tmp.rename(out)
+    tmp.replace(out)
     return out

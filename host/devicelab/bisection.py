@@ -1,0 +1,133 @@
+"""`devicelab bisect`: the first llama.cpp commit that made a metric worse, found on the device where it happens.
+
+Given a recipe (one device, a few cells), a metric and a good and a bad end — two revisions of a llama.cpp clone
+(every commit between them, oldest first) or an ordered list of sources — it measures both ends, then midpoints,
+until the first bad commit is next to the last good one. Each step is an ordinary run of the recipe with that
+source (its cells in the ledger, keyed by the commit), so an interrupted bisect resumes and a re-run reuses what
+is measured; builds go through the build cache and ccache (a git clone's revisions are checked out in one
+worktree, so unchanged files are not compiled again). A step's verdict is the `compare` test against the good
+end: bad when a pair of the metric is a significant regression."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import compare as cmpmod
+from .build import source as sourcemod
+from .errors import DevicelabError
+
+
+@dataclass
+class Candidate:
+    spec: str  # the source spec a run takes
+    commit: str
+    subject: str  # the commit's subject line (git), or the spec
+
+
+@dataclass
+class Step:
+    candidate: Candidate
+    verdict: str  # good | bad
+    ratio: float | None
+    p: float | None
+    note: str = ""
+
+
+def git_candidates(repo: Path, good: str, bad: str) -> list[Candidate]:
+    """The good revision, then every commit on the path from it to the bad one, oldest first."""
+    repo = Path(repo).expanduser().resolve()
+    _, good_c = sourcemod._git_spec(f"git:{repo}@{good}")
+    _, bad_c = sourcemod._git_spec(f"git:{repo}@{bad}")
+    r = subprocess.run(
+        [
+            "git",
+            "-C",
+            str(repo),
+            "rev-list",
+            "--reverse",
+            "--ancestry-path",
+            "--format=%H %s",
+            "--no-commit-header",
+            f"{good_c}..{bad_c}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if r.returncode != 0:
+        raise DevicelabError(f"bisect: git rev-list {good}..{bad} failed in {repo}: {r.stderr.strip()[:200]}")
+    out = [Candidate(f"git:{repo}@{good_c}", good_c, _subject(repo, good_c))]
+    for line in r.stdout.splitlines():
+        commit, _, subject = line.partition(" ")
+        out.append(Candidate(f"git:{repo}@{commit}", commit, subject))
+    if len(out) < 2 or out[-1].commit != bad_c:
+        raise DevicelabError(f"bisect: {bad} does not descend from {good} in {repo}; give the good (older) end first")
+    return out
+
+
+def _subject(repo: Path, commit: str) -> str:
+    r = subprocess.run(
+        ["git", "-C", str(repo), "log", "-1", "--format=%s", commit], capture_output=True, text=True, timeout=30
+    )
+    return r.stdout.strip()
+
+
+def list_candidates(specs: list[str]) -> list[Candidate]:
+    """An ordered list of sources (good first, bad last), e.g. releases: pypi:llama-cpp-python==X."""
+    if len(specs) < 2:
+        raise DevicelabError("bisect: give at least a good and a bad source, good first")
+    return [Candidate(s, sourcemod.commit_of(s), s) for s in specs]
+
+
+def verdict(good_rows, rows, good: Candidate, cand: Candidate, metric: str, alpha: float, min_effect: float) -> Step:
+    """`cand` against the good end on one metric: bad when any of its pairs is a significant regression."""
+    a, b = (
+        cmpmod.Side(f"commit={good.commit[:12]}", {"commit": good.commit}),
+        cmpmod.Side(f"commit={cand.commit[:12]}", {"commit": cand.commit}),
+    )
+    cmp = cmpmod.compare(good_rows, rows, a, b, [metric], alpha, min_effect)
+    if not cmp.pairs:
+        raise DevicelabError(
+            f"bisect: no {metric} rows of {cand.commit[:12]} pair with the good end's; does the recipe measure it?"
+        )
+    worst = min(cmp.pairs, key=lambda p: (p.verdict != cmpmod.REGRESSION, -abs((p.ratio or 1) - 1)))
+    bad = worst.verdict == cmpmod.REGRESSION
+    return Step(cand, "bad" if bad else "good", worst.ratio, worst.p_adj)
+
+
+def bisect(
+    candidates: list[Candidate],
+    measure: Callable[[Candidate], object],
+    metric: str,
+    alpha: float = cmpmod.DEFAULT_ALPHA,
+    min_effect: float = cmpmod.DEFAULT_MIN_EFFECT,
+    on_step: Callable[[Step], None] = lambda s: None,
+) -> tuple[Candidate, list[Step]]:
+    """Binary search over `candidates` (good first, bad last); `measure(candidate)` runs the recipe with its
+    source and returns that commit's rows. Returns the first bad candidate and every step taken."""
+    good, bad = candidates[0], candidates[-1]
+    good_rows = measure(good)
+    steps = [Step(good, "good", 1.0, None, "the good end")]
+    on_step(steps[0])
+    last = verdict(good_rows, measure(bad), good, bad, metric, alpha, min_effect)
+    steps.append(last)
+    on_step(last)
+    if last.verdict != "bad":
+        raise DevicelabError(
+            f"bisect: {bad.commit[:12]} is not significantly worse than {good.commit[:12]} on "
+            f"{metric} (B/A {last.ratio:.3f}): nothing to bisect"
+        )
+    lo, hi = 0, len(candidates) - 1
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        st = verdict(good_rows, measure(candidates[mid]), good, candidates[mid], metric, alpha, min_effect)
+        steps.append(st)
+        on_step(st)
+        if st.verdict == "bad":
+            hi = mid
+        else:
+            lo = mid
+    return candidates[hi], steps

@@ -1,0 +1,360 @@
+"""Two sides of the lab's rows side by side — two llama.cpp commits, two backends, two devices, two runs, two
+models — paired on the properties that make two rows comparable, with a significance test over the stored
+repetitions so run noise is never reported as a change.
+
+A side is a set of `key=value` filters on what rows carry (`commit=0c1e570`, `backend=vulkan`, `device=pixel-8`,
+`run=20261204T…`, `model=base-lora`), optionally over another lab folder or an exported table (`lab=DIR`,
+`from=FILE`). Rows pair on their kind's key properties (kinds/base.py: compare-llama-bench's KEY_PROPERTIES)
+minus the properties the sides differ in. Per pair: both means, B/A, Welch's t over the repetitions, the
+p-values adjusted for the number of pairs (Holm), and a verdict from the metric's direction in the schema: a
+change counts only when it is significant *and* at least `min_effect` in size."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+
+import pandas as pd
+
+from . import kinds
+from .errors import DevicelabError
+from .schema import BETTER, HIGHER, LOWER
+
+# a side's keys: what a user types -> the row column, and whether a prefix matches (commits, run ids, builds)
+ALIASES: dict[str, tuple[str, bool]] = {
+    "commit": ("build_commit", True),
+    "run": ("run_id", True),
+    "build": ("build_key", True),
+    "cell": ("cell_id", True),
+}
+SOURCE_KEYS = ("lab", "from")
+SAME, GAIN, REGRESSION, CHANGED, UNTESTED = "same", "gain", "regression", "changed", "n/a"
+DEFAULT_ALPHA, DEFAULT_MIN_EFFECT = 0.05, 0.03
+
+
+@dataclass
+class Side:
+    label: str
+    filters: dict[str, str]
+    source: tuple[str, str] | None = None  # ("lab", DIR) or ("from", FILE): rows from elsewhere
+
+    @classmethod
+    def parse(cls, text: str) -> Side:
+        filters: dict[str, str] = {}
+        source = None
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            k, eq, v = part.partition("=")
+            if not eq or not k.strip() or not v.strip():
+                raise DevicelabError(
+                    f"compare side {text!r}: {part!r} is not KEY=VALUE (e.g. commit=0c1e570, "
+                    "backend=vulkan, device=pixel-8, run=RUN_ID, lab=DIR)"
+                )
+            k, v = k.strip(), v.strip()
+            if k in SOURCE_KEYS:
+                source = (k, v)
+            else:
+                filters[k] = v
+        if not filters and source is None:
+            raise DevicelabError(f"compare side {text!r} selects nothing; give KEY=VALUE filters")
+        return cls(text, filters, source)
+
+    def select(self, df: pd.DataFrame) -> pd.DataFrame:
+        mask = pd.Series(True, index=df.index)
+        for k, v in self.filters.items():
+            col, prefix = ALIASES.get(k, (k, False))
+            if col not in df.columns:
+                raise DevicelabError(
+                    f"compare: rows have no {k!r}; filter on one of: commit, run, build, "
+                    + ", ".join(
+                        c
+                        for c in ("device", "backend", "model", "quant", "recipe", "target", "payload", "lab_host")
+                        if c in df.columns
+                    )
+                )
+            vals = df[col].astype("string")
+            mask &= vals.str.startswith(v, na=False) if prefix else (vals == v).fillna(False)
+        return df[mask]
+
+    def columns(self) -> set[str]:
+        return {ALIASES.get(k, (k, False))[0] for k in self.filters}
+
+
+@dataclass
+class Stat:
+    mean: float
+    sd: float | None
+    n: int
+    samples: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Pair:
+    key: dict
+    metric: str
+    unit: str
+    a: Stat
+    b: Stat
+    ratio: float | None
+    p: float | None = None  # Welch's t, before adjustment
+    p_adj: float | None = None  # Holm-adjusted over every tested pair
+    verdict: str = UNTESTED
+
+
+@dataclass
+class Comparison:
+    a: str
+    b: str
+    key_columns: list[str]
+    pairs: list[Pair]
+    only_a: list[dict]
+    only_b: list[dict]
+    alpha: float
+    min_effect: float
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for p in self.pairs:
+            out[p.verdict] = out.get(p.verdict, 0) + 1
+        return out
+
+    def significant(self) -> list[Pair]:
+        return [p for p in self.pairs if p.verdict in (GAIN, REGRESSION, CHANGED)]
+
+    def to_json(self) -> dict:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "key_columns": self.key_columns,
+            "alpha": self.alpha,
+            "min_effect": self.min_effect,
+            "pairs": [asdict(p) for p in self.pairs],
+            "only_a": self.only_a,
+            "only_b": self.only_b,
+        }
+
+
+def _samples(row) -> list[float]:
+    s = row.get("samples")
+    if isinstance(s, str) and s.startswith("["):
+        try:
+            return [float(x) for x in json.loads(s)]
+        except (ValueError, TypeError):
+            return []
+    return list(s) if isinstance(s, list) else []
+
+
+def _stat(rows: pd.DataFrame) -> Stat:
+    """One side's figure for a key: the repetitions of every row of it pooled, else its means."""
+    samples: list[float] = []
+    for _, r in rows.iterrows():
+        samples += _samples(r)
+    vals = pd.to_numeric(rows["value"], errors="coerce").dropna()
+    if len(samples) >= 2:
+        s = pd.Series(samples)
+        return Stat(float(s.mean()), float(s.std(ddof=1)), len(samples), samples)
+    if len(vals) == 1:
+        r = rows.iloc[0]
+        sd = pd.to_numeric(pd.Series([r.get("stddev")]), errors="coerce").iloc[0]
+        n = pd.to_numeric(pd.Series([r.get("n")]), errors="coerce").iloc[0]
+        return Stat(float(vals.iloc[0]), None if pd.isna(sd) else float(sd), 1 if pd.isna(n) else int(n))
+    return Stat(float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else None, len(vals), list(vals))
+
+
+def _welch(a: Stat, b: Stat) -> float | None:
+    """Welch's t-test p-value over the repetitions; None where a side has no spread to test against."""
+    from scipy import stats
+
+    if len(a.samples) >= 2 and len(b.samples) >= 2:
+        if a.sd == 0 and b.sd == 0:
+            return 1.0 if a.mean == b.mean else 0.0
+        return float(stats.ttest_ind(a.samples, b.samples, equal_var=False).pvalue)
+    if a.n >= 2 and b.n >= 2 and a.sd is not None and b.sd is not None and (a.sd > 0 or b.sd > 0):
+        return float(stats.ttest_ind_from_stats(a.mean, a.sd, a.n, b.mean, b.sd, b.n, equal_var=False).pvalue)
+    return None
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment: the family-wise error stays at alpha however many pairs are tested."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    out = [1.0] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        out[i] = running
+    return out
+
+
+def key_properties(payload: str) -> tuple[str, ...]:
+    return kinds.get(payload).key_properties if payload in kinds.REGISTRY else kinds.base.Kind.key_properties
+
+
+def key_columns(df: pd.DataFrame, compared: set[str]) -> list[str]:
+    """Every key property of the rows' kinds present in the rows, less what the sides differ in (for display:
+    each payload's rows pair on their own kind's properties)."""
+    cols: list[str] = ["payload"]
+    for payload in sorted(df["payload"].dropna().unique()):
+        cols += [c for c in key_properties(payload) if c not in cols]
+    return [c for c in cols if c in df.columns and c not in compared]
+
+
+def _groups(df: pd.DataFrame, compared: set[str]) -> dict[tuple, tuple[dict, pd.DataFrame]]:
+    """Rows grouped by their kind's key properties: {(payload, values…): (key dict, rows)}."""
+    df = df[pd.to_numeric(df["value"], errors="coerce").notna()]
+    out: dict[tuple, tuple[dict, pd.DataFrame]] = {}
+    for payload, rows in df.groupby("payload", sort=True):
+        keys = [c for c in key_properties(str(payload)) if c in rows.columns and c not in compared]
+        filled = rows[keys].astype("string").fillna("")
+        for k, g in rows.groupby([filled[c] for c in keys], sort=True, dropna=False):
+            k = k if isinstance(k, tuple) else (k,)
+            out[(str(payload), *k)] = ({"payload": str(payload), **dict(zip(keys, k, strict=True))}, g)
+    return out
+
+
+def _verdict(pair: Pair, alpha: float, min_effect: float) -> str:
+    if pair.p_adj is None or pair.ratio is None:
+        return UNTESTED
+    if pair.p_adj >= alpha or abs(pair.ratio - 1) < min_effect:
+        return SAME
+    better = BETTER.get(pair.metric)
+    if better is None:
+        return CHANGED
+    up = pair.ratio > 1
+    return GAIN if (up and better == HIGHER) or (not up and better == LOWER) else REGRESSION
+
+
+def compare(
+    a: pd.DataFrame,
+    b: pd.DataFrame,
+    side_a: Side,
+    side_b: Side,
+    metrics: list[str] | None = None,
+    alpha: float = DEFAULT_ALPHA,
+    min_effect: float = DEFAULT_MIN_EFFECT,
+) -> Comparison:
+    """Pair the two sides' rows and judge each pair. Metrics default to those with a direction in the schema."""
+    if metrics:
+        a, b = a[a["metric"].isin(metrics)], b[b["metric"].isin(metrics)]
+    else:
+        a = a[a["metric"].map(lambda m: BETTER.get(m) is not None)]
+        b = b[b["metric"].map(lambda m: BETTER.get(m) is not None)]
+    compared = side_a.columns() | side_b.columns()
+    keys = key_columns(pd.concat([a, b]), compared)
+    ga, gb = _groups(a, compared), _groups(b, compared)
+    pairs = []
+    for k in sorted(set(ga) & set(gb)):
+        (key, ra), (_, rb) = ga[k], gb[k]
+        sa, sb = _stat(ra), _stat(rb)
+        ratio = sb.mean / sa.mean if sa.mean and not math.isnan(sa.mean) else None
+        unit = str(ra["unit"].iloc[0]) if "unit" in ra.columns else ""
+        pairs.append(Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb)))
+    tested = [p for p in pairs if p.p is not None]
+    for p, adj in zip(tested, holm([p.p for p in tested]), strict=True):
+        p.p_adj = adj
+    for p in pairs:
+        p.verdict = _verdict(p, alpha, min_effect)
+    only = lambda mine, other: [mine[k][0] for k in sorted(set(mine) - set(other))]  # noqa: E731
+    return Comparison(side_a.label, side_b.label, keys, pairs, only(ga, gb), only(gb, ga), alpha, min_effect)
+
+
+MARKS = {GAIN: "▲ gain", REGRESSION: "▼ regression", CHANGED: "≠ changed", SAME: "~", UNTESTED: "n/a"}
+
+
+def _fmt(v: float | None) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    a = abs(v)
+    return f"{v:.4g}" if a < 1e5 else f"{v:.3e}"
+
+
+def view(cmp: Comparison) -> tuple[list[str], list[list[str]], dict[str, str]]:
+    """(headers, rows of cell texts, the key properties every pair shares): what every format renders. Only
+    the key columns that differ between pairs get a column."""
+    val = lambda p, c: str(p.key.get(c, ""))  # noqa: E731
+    varying = [c for c in cmp.key_columns if c != "metric" and len({val(p, c) for p in cmp.pairs}) > 1]
+    common = {
+        c: val(cmp.pairs[0], c)
+        for c in cmp.key_columns
+        if c not in varying and c != "metric" and cmp.pairs and val(cmp.pairs[0], c) not in ("", "<NA>")
+    }
+    headers = [*varying, "metric", "unit", "A", "B", "B/A", "p (Holm)", "n A/B", "verdict"]
+    rows = []
+    for p in cmp.pairs:
+        sd = lambda s: f" ± {_fmt(s.sd)}" if s.sd is not None else ""  # noqa: E731
+        rows.append(
+            [
+                *(val(p, c) for c in varying),
+                p.metric,
+                p.unit,
+                _fmt(p.a.mean) + sd(p.a),
+                _fmt(p.b.mean) + sd(p.b),
+                f"{p.ratio:.3f}" if p.ratio is not None else "—",
+                f"{p.p_adj:.3g}" if p.p_adj is not None else "—",
+                f"{p.a.n}/{p.b.n}",
+                MARKS[p.verdict],
+            ]
+        )
+    return headers, rows, common
+
+
+def summary(cmp: Comparison) -> str:
+    c = cmp.counts()
+    parts = [f"{len(cmp.pairs)} pairs", f"{c.get(REGRESSION, 0)} regressions", f"{c.get(GAIN, 0)} gains"]
+    if c.get(CHANGED):
+        parts.append(f"{c[CHANGED]} changed")
+    parts.append(f"{c.get(SAME, 0)} unchanged")
+    if c.get(UNTESTED):
+        parts.append(f"{c[UNTESTED]} untested (one sample a side)")
+    if cmp.only_a or cmp.only_b:
+        parts.append(f"{len(cmp.only_a)} only in A, {len(cmp.only_b)} only in B")
+    return (
+        f"A = {cmp.a}, B = {cmp.b}: "
+        + ", ".join(parts)
+        + f" (Welch's t over the repetitions, Holm-adjusted p < {cmp.alpha:g} and |B/A − 1| ≥ {cmp.min_effect:g})"
+    )
+
+
+def unpaired_lines(cmp: Comparison) -> list[str]:
+    out = []
+    for label, keys in (("only in A", cmp.only_a), ("only in B", cmp.only_b)):
+        for k in keys:
+            out.append(f"{label}: " + ", ".join(f"{c}={v}" for c, v in k.items() if v not in ("", "<NA>")))
+    return out
+
+
+def markdown(cmp: Comparison) -> str:
+    """A table to paste into a pull request."""
+    headers, rows, common = view(cmp)
+    lines = [summary(cmp), ""]
+    if common:
+        lines += ["Common to every pair: " + ", ".join(f"{k} = {v}" for k, v in common.items()), ""]
+    lines.append("| " + " | ".join(headers) + " |")
+    lines.append("|" + "|".join(" --- " for _ in headers) + "|")
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    unpaired = unpaired_lines(cmp)
+    if unpaired:
+        lines += ["", *(f"- {u}" for u in unpaired)]
+    return "\n".join(lines) + "\n"
+
+
+def frame(cmp: Comparison) -> pd.DataFrame:
+    """One line per pair (CSV): every key property, both sides' mean, sd and n, the ratio, p and the verdict."""
+    recs = [
+        {
+            **p.key,
+            "unit": p.unit,
+            "a_mean": p.a.mean,
+            "a_sd": p.a.sd,
+            "a_n": p.a.n,
+            "b_mean": p.b.mean,
+            "b_sd": p.b.sd,
+            "b_n": p.b.n,
+            "ratio": p.ratio,
+            "p": p.p,
+            "p_holm": p.p_adj,
+            "verdict": p.verdict,
+        }
+        for p in cmp.pairs
+    ]
+    recs += [{**k, "verdict": "only in A"} for k in cmp.only_a] + [{**k, "verdict": "only in B"} for k in cmp.only_b]
+    return pd.DataFrame(recs)

