@@ -109,3 +109,13 @@ def fixture_board_run(tmp_path, root, name: str, bench: str, extra: str = ""):
         "recommend: {context: 512, min_decode_tps: 0.1}\n"
     )
     return devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
+
+
+def ctrl_c_able():
+    """preexec_fn for a run a test will Ctrl-C: SIGINT back to its default in the child. A test suite started as a
+    background job of a non-interactive shell (`pytest … &`, nohup) runs with SIGINT ignored, every child inherits
+    that, and Python then keeps ignoring it: the run never sees the test's SIGINT (both Ctrl-C tests "lost" theirs
+    that way). A user's terminal Ctrl-C reaches a foreground run, whose SIGINT is not ignored."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -14,7 +14,7 @@ import time
 
 import pytest
 from cluster_peer import LabNet, wait_for
-from conftest import devicelab
+from conftest import ctrl_c_able, devicelab
 from sshd_peer import SSHD
 
 from devicelab.ledger import ledger_path
@@ -86,6 +86,7 @@ def start_run(net, r, lab, lab_dir, log):
         stdout=open(log, "w"),
         stderr=subprocess.STDOUT,
         env={**os.environ, "DEVICELAB_CLUSTER_WAIT_NOTE_S": "1", "COLUMNS": "200"},
+        preexec_fn=ctrl_c_able,
     )
 
 

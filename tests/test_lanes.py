@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import devicelab
+from conftest import ctrl_c_able, devicelab
 from sshd_peer import SSHD, Sshd
 
 from devicelab.ledger import ledger_path
@@ -41,6 +41,7 @@ def start_run(r, lab, lab_dir):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=ctrl_c_able,
     )
 
 

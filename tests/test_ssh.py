@@ -225,10 +225,18 @@ recommend: {{context: 1024, max_kld_mean: 0.15, min_decode_tps: 1}}
 
 @pytest.mark.e2e
 def test_quickstart_loop_over_ssh_with_a_hostile_device_name(sshd, tmp_path, host_build, smol_path):
-    name = "pi 5; $(touch PWNED) `touch PWNED2` 'q'"
+    # a device name names folders, a lock and a Ray resource: one that is not one safe path component is refused
+    # in one line before anything runs (it used to be quoted through; now it never reaches a command line)
+    hostile = "pi 5; $(touch PWNED) `touch PWNED2` 'q'"
     lab = tmp_path / "lab.yaml"
-    lab.write_text(sshd.lab_yaml(name))
+    lab.write_text(sshd.lab_yaml(hostile))
     recipe = tmp_path / "r.yaml"
+    recipe.write_text(SSH_RECIPE.format(dev=json.dumps(hostile)))
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", cwd=tmp_path)
+    assert p.returncode != 0 and "is not a name devicelab can use" in p.stderr and len(p.stderr.splitlines()) == 1
+    assert not list(tmp_path.glob("PWNED*")) and not (tmp_path / "lab").exists()
+    name = "pi-5.board_1"
+    lab.write_text(sshd.lab_yaml(name))
     recipe.write_text(SSH_RECIPE.format(dev=json.dumps(name)))
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr

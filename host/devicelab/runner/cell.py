@@ -297,6 +297,8 @@ def _run_payload(r: CellRun, p: Payload) -> None:
             _run_to_the_end(r, p)
     finally:
         s.current_remote = None
+    if s.interrupted:  # Ctrl-C while it ran (even if its payload ended before it could be stopped): cut, not done
+        raise RetryableError(f"{r.cell.label()}: interrupted by the user")
 
 
 def _run_to_the_end(r: CellRun, p: Payload) -> None:

@@ -330,6 +330,7 @@ class DeviceSession:
         self.builds = Builds(self.link, host, events, tools)
         self.conditions = DeviceConditions(self.link, ledger, events, telemetry)
         self.current_remote: str | None = None  # the running cell's device folder (for interrupt)
+        self.interrupted = False  # Ctrl-C: the running cell is cut, whatever its payload did
         self._stack = ExitStack()
 
     def __enter__(self):
@@ -390,11 +391,18 @@ class DeviceSession:
         return self.link.alive()
 
     def interrupt(self) -> None:
-        """Ctrl-C from another thread: stop the running payload on the device (its runner then returns)."""
+        """Ctrl-C from another thread: stop the running payload on the device (its runner then returns). A payload
+        that has only just started has no pids file yet: wait for it (a few seconds) rather than miss it; the cell
+        is cut either way (`interrupted`)."""
+        self.interrupted = True
         remote = self.current_remote
         if self.link.t is None or not remote:
             return
         try:
+            for _ in range(50):
+                if read_pids(self.link.t, remote) or self.current_remote != remote:
+                    break
+                time.sleep(0.1)
             self.link.stop(remote, timeout=10)
         except Exception:  # noqa: BLE001 - best effort: the device may be gone already
             pass
