@@ -11,6 +11,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pandas as pd
+
 from .errors import DevicelabError
 from .kinds import bench as benchp
 from .ledger import Ledger, ledger_path
@@ -280,7 +282,7 @@ QUANT_FTYPE = {q: name for name, q in FTYPE_QUANT.items()}
 def _export_record(r, params: dict) -> dict:
     tokens = int(r["n_prompt"] or 0) + int(r["n_gen"] or 0)
     avg_ts = float(r["value"])
-    sd_ts = float(r["stddev"]) if r["stddev"] == r["stddev"] and r["stddev"] is not None else 0.0
+    sd_ts = float(r["stddev"]) if pd.notna(r["stddev"]) else 0.0
     avg_ns = tokens / avg_ts * 1e9 if avg_ts else 0.0
     facts = json.loads(r["device_facts"]) if isinstance(r.get("device_facts"), str) else {}
     fa = {"on": 1, "off": 0}.get(str(r.get("flash_attn")), -1)
@@ -294,8 +296,8 @@ def _export_record(r, params: dict) -> dict:
             "backends": str(r.get("backend") or "").upper(),
             "model_filename": f"{r['model']}-{r['quant']}.gguf",
             "model_type": f"{r['model']} {QUANT_FTYPE.get(str(r['quant']), str(r['quant']).upper())}",
-            "model_size": int(r["model_bytes"]) if r.get("model_bytes") == r.get("model_bytes") else 0,
-            "model_n_params": int(r["n_params"]) if r.get("n_params") == r.get("n_params") else 0,
+            "model_size": int(r["model_bytes"]) if pd.notna(r.get("model_bytes")) else 0,
+            "model_n_params": int(r["n_params"]) if pd.notna(r.get("n_params")) else 0,
             "n_threads": int(r["threads"]),
             "n_prompt": int(r["n_prompt"] or 0),
             "n_gen": int(r["n_gen"] or 0),
@@ -306,7 +308,7 @@ def _export_record(r, params: dict) -> dict:
             "avg_ts": avg_ts,
             "stddev_ts": sd_ts,
             "flash_attn": fa,
-            "n_gpu_layers": int(ngl) if ngl is not None and ngl == ngl else -1,
+            "n_gpu_layers": int(ngl) if pd.notna(ngl) else -1,
         }
     )
     if r.get("cpu_mask"):

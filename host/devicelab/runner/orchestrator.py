@@ -105,12 +105,10 @@ class Orchestrator:
 
     def _open(self, placement: Placement, spec: str) -> None:
         """The placement set up for one llama.cpp source: its own host work (its build)."""
-        r = self.recipe
+        r, kwargs = self.recipe, self.host_kwargs(spec)
         if self.host is None or self.host.source_spec != spec:
-            self.host = HostWork(**self.host_kwargs(spec), events=self.ev)
-        placement.open(
-            RunSetup(self.ledger, self.ledger.path, self.host, self.host_kwargs(spec), self.ev, r.telemetry, r.name)
-        )
+            self.host = HostWork(**kwargs, events=self.ev)
+        placement.open(RunSetup(self.ledger, self.ledger.path, self.host, kwargs, self.ev, r.telemetry, r.name))
 
     def _run_source(self, placement: Placement, todo: list, run_id: str, rep: RunReport) -> None:
         """One llama.cpp source's cells on every device at once."""
