@@ -11,8 +11,11 @@ from the run's start to the first cell starting on a remote host (connect, ident
 lane's actor, the device's session). All boards are this machine (x86, the host's build): the nodes, sshds and
 payloads share its cores. Needs root (ip netns, tc), openssh-server and the [cluster] extra.
 
-usage: python bench/cluster.py [--rate 100mbit] [--kmax 4]
-The last line is exactly `cluster: hosts=4 wall/slowest=X.XX`."""
+With --tls every connection between the lab hosts is Ray's TLS (the lab's CA and a certificate per host, as
+`devicelab head --make-certs` and `devicelab cert` make them): run it with and without to see what TLS costs.
+
+usage: python bench/cluster.py [--rate 100mbit] [--kmax 4] [--tls]
+The last line is exactly `cluster: hosts=4 tls=on|off wall/slowest=X.XX`."""
 
 from __future__ import annotations
 
@@ -115,15 +118,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", default="100mbit")
     ap.add_argument("--kmax", type=int, default=4)
+    ap.add_argument("--tls", action="store_true", help="Ray's TLS between the lab hosts")
     ap.add_argument("--drive", nargs=4, metavar=("RECIPE", "LAB", "LAB_DIR", "ADDRESS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.drive:
         drive(*a.drive)
         return
-    net = LabNet([f"h{i + 1}" for i in range(a.kmax)])
+    work = Path(tempfile.mkdtemp(prefix="devicelab-cluster-"))
+    net = LabNet([f"h{i + 1}" for i in range(a.kmax)], tls=work / "tls" if a.tls else None)
     if not net.create():
         raise SystemExit("cannot create network namespaces (needs root)")
-    work = Path(tempfile.mkdtemp(prefix="devicelab-cluster-"))
     try:
         for h in net.hosts:
             h.start_board(work / f"board-{h.name}")
@@ -150,7 +154,7 @@ def main() -> None:
                 f"k={k}: together {r['wall']:.1f} s, slowest alone {slowest:.1f} s, wall/slowest {ratio:.2f}; "
                 f"first remote cell after {r['first_cell']:.1f} s"
             )
-        print(f"cluster: hosts={a.kmax} wall/slowest={ratio:.2f}")
+        print(f"cluster: hosts={a.kmax} tls={'on' if a.tls else 'off'} wall/slowest={ratio:.2f}")
     finally:
         net.delete()
 

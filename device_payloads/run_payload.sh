@@ -19,6 +19,8 @@ rm -f "$fifo"; mkfifo "$fifo" || exit 125
 #   DEVICELAB_CONTENTION=N   N busy-looping shells co-run with the payload
 #   DEVICELAB_NVIDIA_SMI=1   NVIDIA GPUs: nvidia-smi's power, memory, utilisation, temperature, SM clock and
 #                            throttle reasons beside the payload at the sampler's interval, into nvidia-smi.csv
+#   DEVICELAB_CURRENT=FILE   the device's "what runs now" file: OUTDIR is written to it while the payload runs (a
+#                            later session stops what an earlier one, killed, left running: its pids are in OUTDIR)
 #   DEVICELAB_POWERMETRICS=root|sudo   macOS: powermetrics (the SoC's CPU/GPU/ANE energy, thermal pressure,
 #                            cluster clocks) beside the payload into powermetrics.plist, as root or by `sudo -n`
 spins=""
@@ -56,6 +58,7 @@ spid=$!
 spin_list=""
 for sp in $spins; do spin_list="${spin_list:+$spin_list,}$sp"; done
 echo "runner=$$ payload=$pid sampler=$spid${spin_list:+ spin=$spin_list}${pm:+ powermetrics=$pm}" > "$outdir/pids"
+[ -n "${DEVICELAB_CURRENT:-}" ] && echo "$outdir" > "$DEVICELAB_CURRENT"
 while IFS= read -r line; do
   up=""; { read -r up _ < /proc/uptime; } 2>/dev/null
   printf '%s\t%s\n' "$up" "$line"
@@ -73,5 +76,6 @@ fi
 [ -n "$nv" ] && { kill "$nv" 2>/dev/null; wait "$nv" 2>/dev/null; }
 { echo "end_s=$(now)"; echo "end_epoch=$(date +%s)"; } >> "$outdir/clock"
 echo "$rc" > "$outdir/exit_code"
+[ -n "${DEVICELAB_CURRENT:-}" ] && rm -f "$DEVICELAB_CURRENT"
 rm -f "$fifo"
 exit "$rc"

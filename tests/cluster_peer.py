@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import signal
@@ -90,8 +91,11 @@ class LabHost:
             f"    lab_host: {self.name}\n"
         )
 
-    def join(self, lab: Path, cache: Path, log: Path, extra: list[str] | None = None) -> subprocess.Popen:
-        """`devicelab worker` on this host, in the foreground of its own process group."""
+    def join(
+        self, lab: Path, cache: Path, log: Path, extra: list[str] | None = None, as_host: str | None = None
+    ) -> subprocess.Popen:
+        """`devicelab worker` on this host (as lab host `as_host`, default its own name), in the foreground of its own
+        process group."""
         with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
             self.worker = subprocess.Popen(
                 [
@@ -105,7 +109,7 @@ class LabHost:
                     "--lab",
                     str(lab),
                     "--host",
-                    self.name,
+                    as_host or self.name,
                     "--node-ip",
                     self.ip,
                     "--cache",
@@ -159,7 +163,9 @@ def _kill_ns(ns: str) -> None:
 
 
 class LabNet:
-    def __init__(self, hosts: list[str]):
+    def __init__(self, hosts: list[str], tls: Path | None = None):
+        """`tls`: a folder for the lab's CA and every host's certificate (made in create()): Ray's TLS on."""
+        self.tls = tls
         self.tag = "dlc" + os.urandom(2).hex()
         a, b = 16 + os.getpid() % 200, int(self.tag[3:5], 16)
         self.subnet = f"10.{a}.{b}"
@@ -173,7 +179,21 @@ class LabNet:
         self.made = False
 
     def env(self) -> dict:
-        return {**os.environ, **FAST_DEATH}
+        e = {**os.environ, **FAST_DEATH}
+        if self.tls is not None:
+            e["DEVICELAB_TLS"] = str(self.tls)
+        return e
+
+    def make_certs(self) -> None:
+        """The lab's CA and a certificate per lab host, as `devicelab head --make-certs` and `devicelab cert` make
+        them (one folder here: every host of this test is on this machine)."""
+        from devicelab.cluster import tls
+
+        tls.make_ca(self.tls)
+        tls.issue(self.tls, "head", [self.head_ip])
+        for h in self.hosts:
+            tls.issue(self.tls, h.name, [h.ip])
+        tls.issue(self.tls, platform.node(), [])  # the run's driver and the test's own GCS reads, made once here
 
     def create(self) -> bool:
         if not shutil.which("ip") or not _ip("netns", "add", self.head_ns):
@@ -189,9 +209,11 @@ class LabNet:
         )
         if not ok:
             self.delete()
+        elif self.tls is not None:
+            self.make_certs()
         return ok
 
-    def start_head(self, lab: Path, log: Path) -> subprocess.Popen:
+    def start_head(self, lab: Path, log: Path, extra: list[str] | None = None) -> subprocess.Popen:
         with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
             self.head = subprocess.Popen(
                 [
@@ -209,6 +231,7 @@ class LabNet:
                     "--host",
                     "head",
                     *RAY_ARGS,
+                    *(extra or []),
                 ],
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -243,6 +266,7 @@ class LabNet:
             capture_output=True,
             text=True,
             timeout=120,
+            env=self.env(),
         )
         return json.loads(r.stdout) if r.returncode == 0 and r.stdout.strip() else None
 
@@ -291,6 +315,38 @@ class LabNet:
             _kill_ns(self.head_ns)
             _ip("netns", "del", self.head_ns)
             self.made = False
+
+
+CAPTURE = """
+import signal, socket, sys
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))  # every frame of every interface here
+out, left = open(sys.argv[1], "wb"), int(sys.argv[2])
+signal.signal(signal.SIGTERM, lambda *a: (out.close(), sys.exit(0)))
+print("ready", flush=True)
+while left > 0:
+    b = s.recv(65535)
+    out.write(b)
+    left -= len(b)
+out.close()
+signal.pause()
+"""
+
+
+class Capture:
+    """Every frame in a network namespace (a raw AF_PACKET socket, as tcpdump opens), the first `limit` bytes kept:
+    what crossed the lab's network, to look for what must not cross it in clear."""
+
+    def __init__(self, ns_prefix: list[str], out: Path, limit: int = 40_000_000):
+        self.out = out
+        self.p = subprocess.Popen(
+            [*ns_prefix, sys.executable, "-c", CAPTURE, str(out), str(limit)], stdout=subprocess.PIPE, text=True
+        )
+        assert self.p.stdout.readline().strip() == "ready"
+
+    def stop(self) -> bytes:
+        self.p.terminate()
+        self.p.wait(30)
+        return self.out.read_bytes()
 
 
 def _is_ray(pid: int) -> bool:

@@ -1,8 +1,10 @@
 """One lab across several USB hosts, on a real multi-node Ray cluster: two lab hosts, each a network namespace
 with its own address, its own sshd board (reachable only from inside it) and its own Ray node joined by
 `devicelab worker`; the head (`devicelab head`, the ledger, the host-side work) outside them on a bridge this
-test creates. A recipe across both hosts' devices; one host killed mid-cell; a second run waiting for a held
-device; the host back and the recipe finished; the head killed mid-run and restarted without losing a cell."""
+test creates; Ray's TLS on between them (the lab's CA and a certificate per host), and a capture of the lab's
+network showing nothing of the cluster's gRPC in clear. A recipe across both hosts' devices; one host killed
+mid-cell; a second run waiting for a held device; the host back and the recipe finished; the head killed mid-run
+and restarted without losing a cell."""
 
 import os
 import shutil
@@ -11,9 +13,10 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
-from cluster_peer import LabNet, wait_for
+from cluster_peer import Capture, LabNet, wait_for
 from conftest import ctrl_c_able, devicelab
 from sshd_peer import SSHD
 
@@ -63,6 +66,7 @@ def on(host, *args, timeout=300):
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=host.net.env(),
     )
 
 
@@ -85,7 +89,7 @@ def start_run(net, r, lab, lab_dir, log):
         ],
         stdout=open(log, "w"),
         stderr=subprocess.STDOUT,
-        env={**os.environ, "DEVICELAB_CLUSTER_WAIT_NOTE_S": "1", "COLUMNS": "200"},
+        env={**net.env(), "DEVICELAB_CLUSTER_WAIT_NOTE_S": "1", "COLUMNS": "200"},
         preexec_fn=ctrl_c_able,
     )
 
@@ -98,7 +102,7 @@ def one_error_line(p) -> str:
 
 @pytest.fixture
 def net(tmp_path):
-    n = LabNet(["w1", "w2"])
+    n = LabNet(["w1", "w2"], tls=tmp_path / "tls")
     if not n.create():
         pytest.skip("cannot create network namespaces and a bridge here (needs root)")
     yield n
@@ -121,6 +125,10 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     net.start_head(lab, tmp_path / "head.log")
 
     # a worker is refused in one line: a device of it missing, no device for it, another devicelab than the head's
+    from devicelab.cluster import tls
+
+    for name in ("w3", "nobody"):  # (each with a certificate of the lab: what refuses them is devicelab's own check)
+        tls.issue(net.tls, name, [w1.ip])
     ghost = on(w1, "worker", "--address", net.address, "--lab", lab, "--host", "w3")
     assert "device ghost is not reachable from lab host w3" in one_error_line(ghost)
     nobody = on(w1, "worker", "--address", net.address, "--lab", lab, "--host", "nobody")
@@ -131,6 +139,7 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     assert "lab host w1 refused: this host's devicelab" in one_error_line(other)
     net.set_identity(real)
 
+    cap = Capture(net.prefix(), tmp_path / "lab-network.raw")
     for h in (w1, w2):
         h.join(lab, tmp_path / f"cache-{h.name}", tmp_path / f"{h.name}.log")
     wait_for(
@@ -139,6 +148,13 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
         "both lab hosts to join",
         every=1,
     )
+    assert "TLS on between lab hosts" in (tmp_path / "w1.log").read_text()
+    # what crossed the lab's network while two hosts joined: TLS records, and neither gRPC's plaintext HTTP/2
+    # preface (test_cluster_net.py sees it without TLS) nor the cluster's token
+    seen = cap.stop()
+    token = (Path.home() / ".ray" / "auth_token").read_bytes().strip()
+    assert len(seen) > 10_000 and b"\x16\x03\x01" in seen and b"\x17\x03\x03" in seen
+    assert b"PRI * HTTP/2.0" not in seen and token not in seen
     # Ray listens on every address of a namespace: these are only loopback and the test's own; none on this
     # machine's own namespace (where its outward address is), none in another
     listening = net.listening()

@@ -120,3 +120,26 @@ def test_a_hostile_peer_writes_nothing_outside_the_node_cache(tmp_path, monkeypa
     (cache / "staging" / "run-1" / "board").mkdir(parents=True)
     gone = blobs.clean_leftovers()
     assert not (d / "n.gguf.part").exists() and not (cache / "staging" / "run-1").exists() and len(gone) == 2
+
+
+def test_an_edited_llama_cpp_tree_at_the_same_commit_is_told_apart(tmp_path):
+    """The code identity a lab host and a run are checked by names the llama.cpp tree's content, not its commit
+    only: one edited source file at the same commit is a mismatch, in one line; what no build reads is not."""
+    from devicelab.build.source import tree_digest
+    from devicelab.cluster.node import mismatch
+
+    tree = tmp_path / "llama.cpp"
+    (tree / "ggml" / "src").mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text("project(llama)\n")
+    (tree / "ggml" / "src" / "ggml.c").write_text("int x = 1;\n")
+    (tree / "docs").mkdir()
+    before = tree_digest(tree)
+    (tree / "docs" / "build.md").write_text("notes\n")  # not read by a build
+    assert tree_digest(tree) == before
+    (tree / "ggml" / "src" / "ggml.c").write_text("int x = 2;\n")
+    after = tree_digest(tree)
+    assert after != before
+    head = {"code": "c", "llama_cpp": "a" * 40, "llama_tree": before}
+    why = mismatch({"code": "c", "llama_cpp": "a" * 40, "llama_tree": after}, head)
+    assert why and "differs from the head's" in why and "\n" not in why
+    assert mismatch({"code": "c", "llama_cpp": "a" * 40, "llama_tree": before}, head) is None

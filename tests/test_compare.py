@@ -166,12 +166,19 @@ def test_sql_import_runs_nothing_but_llama_bench_inserts(tmp_path):
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, host_build, smol_path):
-    """One recipe run twice, one run after the other on one build (two names: the second is not a re-run)."""
+    """One recipe run twice, one run after the other on one build (two names: the second is not a re-run); then
+    a third time while a process the lab did not start keeps one of this host's CPUs busy."""
     d = tmp_path_factory.mktemp("noise")
-    for name in ("noise-a", "noise-b"):
+    for name in ("noise-a", "noise-b", "noise-busy"):
         r = d / f"{name}.yaml"
         r.write_text(RECIPE.format(name=name))
-        devicelab("run", r, "--lab-dir", d / "lab", check=True)
+        spin = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if name == "noise-busy" else None
+        try:
+            devicelab("run", r, "--lab-dir", d / "lab", check=True)
+        finally:
+            if spin is not None:
+                spin.kill()
+                spin.wait()
     return d / "lab"
 
 
@@ -192,7 +199,9 @@ def test_noise_is_not_a_regression(two_runs):
     assert cmp["pairs"] and not cmp["only_a"] and not cmp["only_b"]
     speeds = [x for x in cmp["pairs"] if x["metric"] in ("prefill_tps", "decode_tps")]
     assert len(speeds) == 4 and all(x["p"] is not None for x in speeds)  # tested over the repetitions
+    # no change is claimed; a pair measured while something else loaded this shared machine is not judged
     assert [x for x in cmp["pairs"] if x["verdict"] in ("gain", "regression")] == []
+    assert all((x["verdict"] == "host busy") == (max(x["host_busy"]) >= 0.2) for x in speeds), speeds
     # the same run, quant against quant: a real difference is found (q4_1's prefill is about half q8_0's here)
     p = devicelab(
         "compare",
@@ -204,11 +213,46 @@ def test_noise_is_not_a_regression(two_runs):
         "recipe=noise-a,quant=q4_1",
         "--metric",
         "prefill_tps",
+        "--max-busy",
+        "64",  # judged whatever else this shared machine runs: a difference this large stands out of any load
         "--format",
         "json",
         check=True,
     )
     assert [x["verdict"] for x in json.loads(p.stdout)["pairs"]] == ["regression"]
+
+
+def test_a_busy_host_is_seen_and_not_judged(two_runs):
+    """The third run measured beside a busy-looping process: every row says how many CPUs other processes kept
+    busy, and compare does not call what that load did to the speeds a change."""
+    rows = Ledger(ledger_path(two_runs)).rows_frame()
+    busy = rows.groupby("recipe")["host_busy_cpus"].min()
+    assert busy["noise-busy"] >= 0.6, busy  # about one CPU of two
+    p = devicelab(
+        "compare", "--lab-dir", two_runs, "--a", "recipe=noise-a", "--b", "recipe=noise-busy", "--format", "json"
+    )
+    assert p.returncode == 0, p.stderr
+    pairs = json.loads(p.stdout)["pairs"]
+    speeds = [x for x in pairs if x["metric"] in ("prefill_tps", "decode_tps")]
+    assert len(speeds) == 4 and all(x["host_busy"][1] >= 0.6 and x["verdict"] == "host busy" for x in speeds)
+    # judged anyway where asked (a limit above the load): the same pairs get a statistical verdict
+    p = devicelab(
+        "compare",
+        "--lab-dir",
+        two_runs,
+        "--a",
+        "recipe=noise-a",
+        "--b",
+        "recipe=noise-busy",
+        "--max-busy",
+        "8",
+        "--format",
+        "json",
+    )
+    assert all(x["verdict"] != "host busy" for x in json.loads(p.stdout)["pairs"])
+    text = devicelab("compare", "--lab-dir", two_runs, "--a", "recipe=noise-a", "--b", "recipe=noise-busy").stdout
+    text = " ".join(text.split())  # as read, whatever the console's wrapping
+    assert "not judged (other processes kept the host busy" in text and "? host busy" in text
 
 
 def test_export_is_read_by_compare_llama_bench(two_runs, source, tmp_path):

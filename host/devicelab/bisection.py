@@ -88,14 +88,22 @@ def verdict(good_rows, rows, good: Candidate, cand: Candidate, metric: str, alph
         cmpmod.Side(f"commit={good.commit[:12]}", {"commit": good.commit}),
         cmpmod.Side(f"commit={cand.commit[:12]}", {"commit": cand.commit}),
     )
-    cmp = cmpmod.compare(good_rows, rows, a, b, [metric], alpha, min_effect)
+    # a step must be good or bad: one measured under other load is judged anyway, and its note says so
+    cmp = cmpmod.compare(good_rows, rows, a, b, [metric], alpha, min_effect, max_busy=None)
     if not cmp.pairs:
         raise DevicelabError(
             f"bisect: no {metric} rows of {cand.commit[:12]} pair with the good end's; does the recipe measure it?"
         )
     worst = min(cmp.pairs, key=lambda p: (p.verdict != cmpmod.REGRESSION, -abs((p.ratio or 1) - 1)))
     bad = worst.verdict == cmpmod.REGRESSION
-    return Step(cand, "bad" if bad else "good", worst.ratio, worst.p_adj)
+    busy = [p.host_busy for p in cmp.pairs if cmpmod.busy(p)]
+    note = (
+        f"other processes kept the host busy (good end {busy[0][0] or 0:.2f}, this {busy[0][1] or 0:.2f} CPUs): "
+        "check this step on a quiet host"
+        if busy
+        else ""
+    )
+    return Step(cand, "bad" if bad else "good", worst.ratio, worst.p_adj, note)
 
 
 def bisect(

@@ -5,6 +5,8 @@ idle baseline, and carried by every row (`ram_budget_bytes`, `ram_budget_source`
 `battery_source`). Sources, best first:
 
 - the lab file's `ram_budget_bytes` (the user knows better);
+- iOS: `os_proc_available_memory()` (the harness's `mem.app_available_bytes`): what the OS itself says the app
+  may still allocate before jetsam ends it;
 - Android: `dumpsys meminfo`'s free RAM (free + cached processes + cached kernel: what the low-memory killer
   can hand one app), else MemAvailable at idle; either less the killer's foreground threshold where the
   kernel exposes one (`/sys/module/lowmemorykiller/parameters/minfree`, first entry);
@@ -38,7 +40,8 @@ PHONE_SHARE, PHONE_RESERVE = 5 / 8, 1.56 * GiB
 @dataclass(frozen=True)
 class Budget:
     bytes: int | None
-    source: str  # lab file | dumpsys meminfo | MemAvailable | vm_stat | memory_pressure | phone rule
+    # lab file | os_proc_available_memory | dumpsys meminfo | MemAvailable | vm_stat | memory_pressure | phone rule
+    source: str
     detail: str  # how it was reckoned, in words
 
     def to_json(self) -> dict:
@@ -106,6 +109,9 @@ def from_facts(facts: dict, override: int | None = None, fraction: float = 0.75)
     """The device's budget for one app, with its source (pure: from the facts facts.sh printed)."""
     if override:
         return Budget(int(override), "lab file", f"ram_budget_bytes {gib(override)}")
+    app = _int(facts, "mem.app_available_bytes")  # the OS's own answer for this app (iOS: os_proc_available_memory)
+    if app:
+        return Budget(app, "os_proc_available_memory", f"{gib(app)} this app may still use, at first contact")
     total = facts.get("mem_total_bytes") or (_int(facts, "mem.total_kB") or 0) * 1024 or None
     avail_kb = _int(facts, "mem.available_kB")
     if is_phone(facts):

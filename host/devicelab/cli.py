@@ -260,7 +260,14 @@ class _RichEvents(Events):
     metavar="HEAD:PORT",
     help="run each device's lane on the lab host it is plugged into (default: the lab file's cluster:)",
 )
-def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster):
+@click.option(
+    "--tls",
+    "tls_dir",
+    default=None,
+    metavar="DIR",
+    help="the lab's TLS folder, for --cluster (default: $DEVICELAB_TLS)",
+)
+def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster, tls_dir):
     """Run a recipe on every device at once; finished cells are skipped, an interrupted run resumes."""
     from .runner.orchestrator import Orchestrator
     from .runner.placement import LocalPlacement
@@ -270,7 +277,7 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster):
     if address:
         from .cluster.placement import ClusterPlacement
 
-        placement = ClusterPlacement(address)
+        placement = ClusterPlacement(address, tls_dir)
     else:
         placement = LocalPlacement()
     with _progress() as prog:
@@ -310,17 +317,32 @@ _RAY_ARG = click.option("--ray-arg", "ray_args", multiple=True, help="passed to 
 _INSECURE = click.option(
     "--insecure", is_flag=True, help="no authentication (only for a network nobody else can reach; said loudly)"
 )
+_TLS = click.option(
+    "--tls",
+    "tls_dir",
+    default=None,
+    metavar="DIR",
+    help="the lab's TLS folder (its ca.crt and this host's HOST.crt/.key): Ray's TLS on (default: $DEVICELAB_TLS)",
+)
+_ANY_ADDRESS = click.option(
+    "--any-address",
+    is_flag=True,
+    help="go on although Ray listens on every address of this host (its printed ports are firewalled)",
+)
 
 
 @main.command()
 @_LAB
-@click.option("--port", type=int, default=6379, show_default=True)
+@click.option("--port", type=int, default=6379, show_default=True, help="the GCS port; the others follow it")
 @_NODE_IP
 @click.option("--host", "host", default=None, help="this lab host's name (default: the machine's)")
 @click.option("--source", "src_spec", default=None, help="the llama.cpp source every lab host must have")
 @_RAY_ARG
 @_INSECURE
-def head(lab_file, port, node_ip, host, src_spec, ray_args, insecure):
+@_TLS
+@click.option("--make-certs", is_flag=True, help="make the lab's CA (once) and this host's certificate in --tls DIR")
+@_ANY_ADDRESS
+def head(lab_file, port, node_ip, host, src_spec, ray_args, insecure, tls_dir, make_certs, any_address):
     """Start this host as the lab's Ray head (foreground), advertising its devices (those with no lab_host)."""
     from . import lab as labmod
     from .cluster import node
@@ -335,8 +357,23 @@ def head(lab_file, port, node_ip, host, src_spec, ray_args, insecure):
             ray_args,
             say=console.print,
             insecure=insecure,
+            tls_dir=tls_dir,
+            make_certs=make_certs,
+            any_address=any_address,
         )
     )
+
+
+@main.command()
+@click.option("--tls", "tls_dir", required=True, metavar="DIR", help="the lab's TLS folder on the head (holds ca.key)")
+@click.option("--host", "host", required=True, help="the lab host's name, as its `devicelab worker --host` gives it")
+@click.option("--ip", "ips", multiple=True, required=True, help="an address the lab reaches it at (repeatable)")
+def cert(tls_dir, host, ips):
+    """Make a lab host's TLS certificate, signed by the lab's CA (run on the head; copy the files it names)."""
+    from .cluster import tls
+
+    crt, key = tls.issue(Path(tls_dir).expanduser(), host, list(ips))
+    console.print(f"{crt} and {key}: copy them with {crt.parent / 'ca.crt'} to {host}'s --tls folder")
 
 
 @main.command()
@@ -358,7 +395,10 @@ def head(lab_file, port, node_ip, host, src_spec, ray_args, insecure):
 )
 @_RAY_ARG
 @_INSECURE
-def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args, insecure):
+@_TLS
+@click.option("--port", type=int, default=6379, show_default=True, help="the base its pinned ports follow")
+@_ANY_ADDRESS
+def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args, insecure, tls_dir, port, any_address):
     """Join this host to the lab's Ray cluster (foreground), advertising the devices plugged into it."""
     from . import lab as labmod
     from .cluster import node
@@ -378,6 +418,9 @@ def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args, insecure
             ray_args,
             say=console.print,
             insecure=insecure,
+            tls_dir=tls_dir,
+            port=port,
+            any_address=any_address,
         )
     )
 
@@ -692,9 +735,16 @@ def export_bench(out, lab_dir, recipe):
     show_default=True,
     help="smallest relative change that counts (0.03 = 3 %)",
 )
+@click.option(
+    "--max-busy",
+    type=float,
+    default=0.2,
+    show_default=True,
+    help="a pair measured while other processes kept this many of the host's CPUs busy is not judged",
+)
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "csv", "json"]), default="table")
 @click.option("--fail-on-regression", is_flag=True, help="exit 1 when a significant regression is found")
-def compare(side_a, side_b, lab_dir, metrics, alpha, min_effect, fmt, fail_on_regression):
+def compare(side_a, side_b, lab_dir, metrics, alpha, min_effect, max_busy, fmt, fail_on_regression):
     """Two sides of the lab's rows paired on what makes them comparable, with a significance test per pair."""
     from . import compare as cmpmod
 
@@ -711,7 +761,7 @@ def compare(side_a, side_b, lab_dir, metrics, alpha, min_effect, fmt, fail_on_re
             raise DevicelabError(
                 f"compare: side {sd.label!r} selects no rows; see `devicelab results` for what the lab holds"
             )
-    cmp = cmpmod.compare(frames[0], frames[1], sides[0], sides[1], list(metrics) or None, alpha, min_effect)
+    cmp = cmpmod.compare(frames[0], frames[1], sides[0], sides[1], list(metrics) or None, alpha, min_effect, max_busy)
     _print_comparison(cmp, fmt)
     if fail_on_regression and cmp.counts().get(cmpmod.REGRESSION):
         sys.exit(1)
@@ -867,6 +917,7 @@ def bisect(recipe, metric, repo, good, bad, source_list, lab_file, lab_dir, alph
         console.print(
             f"{st.candidate.commit[:12]} {escape(st.candidate.subject[:60])}: {ratio}{p} → "
             f"[{'red' if st.verdict == 'bad' else 'green'}]{st.verdict}[/]"
+            + (f" [yellow]({escape(st.note)})[/]" if st.note and st.ratio is not None else "")
         )
 
     console.print(

@@ -7,7 +7,11 @@ A side is a set of `key=value` filters on what rows carry (`commit=0c1e570`, `ba
 `from=FILE`). Rows pair on their kind's key properties (kinds/base.py: compare-llama-bench's KEY_PROPERTIES)
 minus the properties the sides differ in. Per pair: both means, B/A, Welch's t over the repetitions, the
 p-values adjusted for the number of pairs (Holm), and a verdict from the metric's direction in the schema: a
-change counts only when it is significant *and* at least `min_effect` in size."""
+change counts only when it is significant *and* at least `min_effect` in size.
+
+Repetitions measure the noise within a run, not between runs: a pair a side of which was measured on this host's
+CPUs while other processes kept `max_busy` CPUs or more busy (rows' `host_busy_cpus`) is not judged — its verdict
+says the host was busy, with both figures, instead of calling a difference the load made a change."""
 
 from __future__ import annotations
 
@@ -30,7 +34,9 @@ ALIASES: dict[str, tuple[str, bool]] = {
 }
 SOURCE_KEYS = ("lab", "from")
 SAME, GAIN, REGRESSION, CHANGED, UNTESTED = "same", "gain", "regression", "changed", "n/a"
+HOST_BUSY = "host busy"
 DEFAULT_ALPHA, DEFAULT_MIN_EFFECT = 0.05, 0.03
+BUSY_CPUS = 0.2  # other processes' load on the host (CPUs) from which a side's figures are not judged
 
 
 @dataclass
@@ -99,6 +105,7 @@ class Pair:
     p: float | None = None  # Welch's t, before adjustment
     p_adj: float | None = None  # Holm-adjusted over every tested pair
     verdict: str = UNTESTED
+    host_busy: tuple[float | None, float | None] = (None, None)  # CPUs other processes used, A and B (max)
 
 
 @dataclass
@@ -211,9 +218,24 @@ def _groups(df: pd.DataFrame, compared: set[str]) -> dict[tuple, tuple[dict, pd.
     return out
 
 
-def _verdict(pair: Pair, alpha: float, min_effect: float) -> str:
+def _busy(rows: pd.DataFrame) -> float | None:
+    """The most CPUs other processes kept busy while any of these rows measured on the host (None: not known)."""
+    if "host_busy_cpus" not in rows.columns:
+        return None
+    v = pd.to_numeric(rows["host_busy_cpus"], errors="coerce").dropna()
+    return float(v.max()) if len(v) else None
+
+
+def busy(pair: Pair, max_busy: float = BUSY_CPUS) -> bool:
+    """A side of it was measured while other processes kept `max_busy` of the host's CPUs or more busy."""
+    return any(x is not None and x >= max_busy for x in pair.host_busy)
+
+
+def _verdict(pair: Pair, alpha: float, min_effect: float, max_busy: float | None = BUSY_CPUS) -> str:
     if pair.p_adj is None or pair.ratio is None:
         return UNTESTED
+    if max_busy is not None and busy(pair, max_busy):
+        return HOST_BUSY
     if pair.p_adj >= alpha or abs(pair.ratio - 1) < min_effect:
         return SAME
     better = BETTER.get(pair.metric)
@@ -231,8 +253,11 @@ def compare(
     metrics: list[str] | None = None,
     alpha: float = DEFAULT_ALPHA,
     min_effect: float = DEFAULT_MIN_EFFECT,
+    max_busy: float | None = BUSY_CPUS,
 ) -> Comparison:
-    """Pair the two sides' rows and judge each pair. Metrics default to those with a direction in the schema."""
+    """Pair the two sides' rows and judge each pair. Metrics default to those with a direction in the schema.
+    `max_busy`: the other processes' load (CPUs) from which a pair is not judged; None judges every pair (their
+    `host_busy` still says what it was)."""
     if metrics:
         a, b = a[a["metric"].isin(metrics)], b[b["metric"].isin(metrics)]
     else:
@@ -247,17 +272,26 @@ def compare(
         sa, sb = _stat(ra), _stat(rb)
         ratio = sb.mean / sa.mean if sa.mean and not math.isnan(sa.mean) else None
         unit = str(ra["unit"].iloc[0]) if "unit" in ra.columns else ""
-        pairs.append(Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb)))
+        pair = Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb))
+        pair.host_busy = (_busy(ra), _busy(rb))
+        pairs.append(pair)
     tested = [p for p in pairs if p.p is not None]
     for p, adj in zip(tested, holm([p.p for p in tested]), strict=True):
         p.p_adj = adj
     for p in pairs:
-        p.verdict = _verdict(p, alpha, min_effect)
+        p.verdict = _verdict(p, alpha, min_effect, max_busy)
     only = lambda mine, other: [mine[k][0] for k in sorted(set(mine) - set(other))]  # noqa: E731
     return Comparison(side_a.label, side_b.label, keys, pairs, only(ga, gb), only(gb, ga), alpha, min_effect)
 
 
-MARKS = {GAIN: "▲ gain", REGRESSION: "▼ regression", CHANGED: "≠ changed", SAME: "~", UNTESTED: "n/a"}
+MARKS = {
+    GAIN: "▲ gain",
+    REGRESSION: "▼ regression",
+    CHANGED: "≠ changed",
+    SAME: "~",
+    UNTESTED: "n/a",
+    HOST_BUSY: "? host busy",
+}
 
 
 def _fmt(v: float | None) -> str:
@@ -291,10 +325,15 @@ def view(cmp: Comparison) -> tuple[list[str], list[list[str]], dict[str, str]]:
                 f"{p.ratio:.3f}" if p.ratio is not None else "—",
                 f"{p.p_adj:.3g}" if p.p_adj is not None else "—",
                 f"{p.a.n}/{p.b.n}",
-                MARKS[p.verdict],
+                MARKS[p.verdict] + (_busy_note(p) if p.verdict == HOST_BUSY else ""),
             ]
         )
     return headers, rows, common
+
+
+def _busy_note(p: Pair) -> str:
+    a, b = (f"{x:.2f}" if x is not None else "?" for x in p.host_busy)
+    return f" (other load A {a}, B {b} CPUs)"
 
 
 def summary(cmp: Comparison) -> str:
@@ -305,6 +344,11 @@ def summary(cmp: Comparison) -> str:
     parts.append(f"{c.get(SAME, 0)} unchanged")
     if c.get(UNTESTED):
         parts.append(f"{c[UNTESTED]} untested (one sample a side)")
+    if c.get(HOST_BUSY):
+        parts.append(
+            f"{c[HOST_BUSY]} not judged (other processes kept the host busy while they measured: measure again on a "
+            "quiet host)"
+        )
     if cmp.only_a or cmp.only_b:
         parts.append(f"{len(cmp.only_a)} only in A, {len(cmp.only_b)} only in B")
     return (

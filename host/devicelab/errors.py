@@ -12,3 +12,12 @@ class DevicelabError(Exception):
 
 class RetryableError(DevicelabError):
     """A failure of one cell that may succeed when the run is repeated (device gone, link dropped)."""
+
+
+class NotMeasurable(DevicelabError):
+    """The device's own verdict on one cell: it cannot be measured there (recorded as the cell's result, skipped
+    with this reason, and not retried)."""
+
+
+class MemoryKilled(NotMeasurable):
+    """The OS killed the payload for its memory (iOS jetsam): on a phone, the RAM verdict itself."""

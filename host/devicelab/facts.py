@@ -42,6 +42,11 @@ def summary(f: dict) -> dict:
         "storage_free_bytes",
         "android.model",
         "android.soc",
+        "ios.model",
+        "ios.marketing_name",
+        "ios.chip",
+        "ios.version",
+        "harness.version",
         "transport",
     )
     return {k: f.get(k) for k in keep if f.get(k) not in (None, "")}

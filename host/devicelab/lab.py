@@ -7,10 +7,10 @@ import platform
 from pathlib import Path
 from typing import Annotated, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from .errors import DevicelabError
-from .transports.settings import ADBSettings, DeviceBase, LocalSettings, SSHSettings
+from .transports.settings import ADBSettings, DeviceBase, IOSSettings, LocalSettings, SSHSettings
 from .validation import load_yaml, one_line
 
 LAB_HOST_ENV = "DEVICELAB_LAB_HOST"  # a Ray node's lab-host name, inherited by the lanes it runs
@@ -22,7 +22,7 @@ def this_host() -> str:
 
 
 # one settings model per transport (transports/settings.py), picked by `transport:` (default local)
-Device = Annotated[Union[LocalSettings, SSHSettings, ADBSettings], Field(discriminator="transport")]
+Device = Annotated[Union[LocalSettings, SSHSettings, ADBSettings, IOSSettings], Field(discriminator="transport")]
 # a device entry without `transport:` is this workstation (its name is the local transport's own default)
 DEFAULT_TRANSPORT = LocalSettings.model_fields["transport"].default
 
@@ -43,6 +43,13 @@ class Lab(BaseModel):
         if isinstance(v, list):
             return [{"transport": DEFAULT_TRANSPORT, **d} if isinstance(d, dict) else d for d in v]
         return v
+
+    @model_validator(mode="after")
+    def _resolve(self):
+        """Entries chained through another (an iPhone through its Mac) take that entry's settings."""
+        by_name = {d.name: d for d in self.devices}
+        self.devices = [d.resolve(by_name) for d in self.devices]
+        return self
 
     def device(self, name: str) -> DeviceBase:
         for d in self.devices:

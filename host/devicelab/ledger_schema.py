@@ -23,7 +23,7 @@ import sqlite3
 from .schema import ROW_COLUMNS
 
 VERSION = 2
-REAL_COLUMNS = ("value", "stddev", "bpw", "temp_start_c", "temp_end_c", "battery_wh")
+REAL_COLUMNS = ("value", "stddev", "bpw", "temp_start_c", "temp_end_c", "battery_wh", "host_busy_cpus")
 # the row's own measurement, stored in rowdata itself
 OWN_COLUMNS = ("value", "stddev", "n", "samples")
 # what a row says beyond its cell: repeats across cells and nights

@@ -8,7 +8,7 @@ import posixpath
 from . import kit as kitmod
 from .lab import Device
 from .telemetry import sampler_csv, sources
-from .transports import open_transport
+from .transports import open_transport, reached_through
 
 
 def gpu_backends(t, dev: Device) -> str:
@@ -59,6 +59,7 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
         view = sources.ProbeView(t, tr, sources.detect(t))
         res = {s.title: s.probe(view) for s in sources.SOURCES}
         res.update(_device_lines(t, dev, tr))
+        res.update(reached_through(t, dev))
         return res
     finally:
         t.close()

@@ -47,6 +47,7 @@ METRIC_DEFS: dict[str, tuple[str, str | None]] = {
     "energy": ("J", LOWER),
     "energy_per_token": ("J/tok", LOWER),
     "wh_per_prompt": ("Wh", LOWER),
+    "battery_drop": ("1", LOWER),  # share of a full charge used over the cell (iOS: the level's 1 % steps)
     "cooldown_wait": ("s", None),
     "temp_baseline": ("degC", None),
     # once-per-cell snapshots (dumpsys, ioreg, pmset), phase = snapshot_start / snapshot_end
@@ -143,6 +144,7 @@ ROW_COLUMNS = [
     "throttled",
     "energy_calibration",
     "host_activity",
+    "host_busy_cpus",
     "recorded_at",
 ]
 

@@ -18,24 +18,9 @@ from .. import paths, push
 from ..errors import DevicelabError
 from ..hashing import sha256_file
 from ..transports.base import Transport
+from .source import BUILD_EXCLUDE as EXCLUDE
 from .source import Source
 from .targets import Target
-
-EXCLUDE = {
-    ".git",
-    "build",
-    "models",
-    "media",
-    "docs",
-    "examples",
-    "tests",
-    "ci",
-    "scripts",
-    "gguf-py",
-    "pocs",
-    "licenses",
-    "requirements",
-}
 
 
 @dataclass

@@ -3,7 +3,10 @@ checkout / extracted tree / sdist file. Everything downstream is keyed by the co
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -14,6 +17,23 @@ from .. import paths
 from ..errors import DevicelabError
 
 DEFAULT_SOURCE = "pypi:llama-cpp-python==0.3.36"
+
+# top-level folders of a llama.cpp tree that no build reads (not packed for device builds, not in its digest)
+BUILD_EXCLUDE = {
+    ".git",
+    "build",
+    "models",
+    "media",
+    "docs",
+    "examples",
+    "tests",
+    "ci",
+    "scripts",
+    "gguf-py",
+    "pocs",
+    "licenses",
+    "requirements",
+}
 
 
 @dataclass(frozen=True)
@@ -31,6 +51,26 @@ class Source:
         d = asdict(self)
         d["path"] = str(self.path)
         return d
+
+
+def tree_digest(path: Path) -> str:
+    """What a build of this tree is made of: the sha256 of every file a build reads (not BUILD_EXCLUDE), by relative
+    path — two trees at one commit with an edited file differ. Computed once per tree and state of its files."""
+    files = []
+    for p in sorted(Path(path).iterdir()):
+        if p.name in BUILD_EXCLUDE or p.name.startswith(".devicelab"):
+            continue
+        files += [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file() and "__pycache__" not in f.parts)
+    stat = tuple((str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files)
+    return _digest(str(path), stat)
+
+
+@functools.lru_cache(maxsize=8)
+def _digest(root: str, stat: tuple) -> str:
+    h = hashlib.sha256()
+    for name, _, _ in stat:
+        h.update(os.path.relpath(name, root).encode() + b"\0" + Path(name).read_bytes() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def _is_llama_tree(p: Path) -> bool:

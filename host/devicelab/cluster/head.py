@@ -106,8 +106,15 @@ class Head:
 
     # ---- host work, once ----
     def info(self) -> dict:
+        from ..build.source import tree_digest
+
         src = self.host.src
-        return {"jobs": self.host.jobs, "commit": src.commit, "source_spec": self.host.source_spec}
+        return {
+            "jobs": self.host.jobs,
+            "commit": src.commit,
+            "tree": tree_digest(src.path),
+            "source_spec": self.host.source_spec,
+        }
 
     def build(self, tgt) -> tuple[dict, dict]:
         b = self.host.build(tgt)
@@ -246,6 +253,11 @@ class RemoteHostWork:
                         f"this lab host's llama.cpp source is {src.commit[:12]}, the run's "
                         f"{self.info['commit'][:12]}: give it the same source"
                     )
+                if self.info.get("tree") and sourcemod.tree_digest(src.path) != self.info["tree"]:
+                    raise DevicelabError(
+                        f"this lab host's llama.cpp tree at {src.commit[:12]} differs from the head's (an edited "
+                        f"file in {src.path}?): give it the head's tree"
+                    )
                 self._src = src
             return self._src
 
@@ -298,7 +310,10 @@ class LaneActor:
         self.lane: Lane | None = None
 
     def ready(self) -> dict:
-        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id()}
+        """Where the lane runs, and the devicelab it runs (checked against the run's before the lane starts)."""
+        from .node import code_digest
+
+        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id(), "code": code_digest()}
 
     def run(self, device: dict, cells: list, run_id: str, telemetry, info: dict, lease: dict) -> dict:
         d = device_from(device)
@@ -336,7 +351,10 @@ class Lease:
         _put_lease(device, lease)
 
     def ready(self) -> dict:
-        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id()}
+        """Where the lane runs, and the devicelab it runs (checked against the run's before the lane starts)."""
+        from .node import code_digest
+
+        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id(), "code": code_digest()}
 
     def release(self) -> None:
         _put_lease(self.device, None)

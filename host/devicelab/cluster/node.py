@@ -20,7 +20,7 @@ from .. import paths
 from ..errors import DevicelabError
 from ..lab import LAB_HOST_ENV, this_host  # noqa: F401 - this_host: the cluster's name for it
 from ..transports import open_transport
-from . import IDENTITY_KEY, KV_NAMESPACE, NODE_CACHE_ENV, blobs, resource
+from . import IDENTITY_KEY, KV_NAMESPACE, NODE_CACHE_ENV, blobs, claim_key, resource, tls
 
 
 def code_digest() -> str:
@@ -40,7 +40,12 @@ def identity(source_spec: str | None = None) -> dict:
     from ..build import source as sourcemod
 
     src = sourcemod.resolve(source_spec)
-    return {"code": code_digest(), "llama_cpp": src.commit, "source": src.origin}
+    return {
+        "code": code_digest(),
+        "llama_cpp": src.commit,
+        "llama_tree": sourcemod.tree_digest(src.path),
+        "source": src.origin,
+    }
 
 
 def mismatch(mine: dict, head: dict, who: str = "this host's") -> str | None:
@@ -54,6 +59,11 @@ def mismatch(mine: dict, head: dict, who: str = "this host's") -> str | None:
         return (
             f"{who} llama.cpp source is {mine['llama_cpp'][:12]}, the head's "
             f"{str(head.get('llama_cpp'))[:12]} ({head.get('source')}): give both the same --source"
+        )
+    if mine.get("llama_tree") and head.get("llama_tree") and mine["llama_tree"] != head["llama_tree"]:
+        return (
+            f"{who} llama.cpp tree at {mine['llama_cpp'][:12]} differs from the head's (an edited file?): give both "
+            "the same tree"
         )
     return None
 
@@ -120,6 +130,8 @@ def _check_token_file(path: Path) -> None:
 
 
 def gcs(address: str):
+    if not os.environ.get("RAY_USE_TLS"):
+        tls.use(None, this_host(), client=True)  # the lab's TLS folder from DEVICELAB_TLS, where it is set
     import ray._raylet
 
     use_auth_token()
@@ -211,10 +223,210 @@ def _start(argv: list[str], env: dict) -> subprocess.Popen:
     return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
 
 
+# every port a lab host's Ray node opens, pinned from one base (the head's GCS port) so a firewall can name them:
+# (what it is, `ray start` option, offset from the base); the worker processes take a range
+PORTS = (
+    ("GCS (head only)", "--port", 0),
+    ("Ray client server (head only)", "--ray-client-server-port", 1),
+    ("raylet", "--node-manager-port", 2),
+    ("object manager", "--object-manager-port", 3),
+    ("runtime-env agent", "--runtime-env-agent-port", 4),
+    ("metrics export", "--metrics-export-port", 5),
+    ("dashboard agent gRPC", "--dashboard-agent-grpc-port", 6),
+    ("dashboard agent HTTP", "--dashboard-agent-listen-port", 7),
+)
+WORKER_PORTS = (10, 60)  # offsets of the worker processes' range: one port per Ray worker (lanes, prestarted)
+HEAD_ONLY = ("--port", "--ray-client-server-port")
+
+
+def _ray_client_installed() -> bool:
+    """Ray's client server runs on a head only where `ray[client]` is installed (and `ray start` refuses its port
+    otherwise)."""
+    try:
+        from ray._private.utils import get_ray_client_dependency_error
+
+        return get_ray_client_dependency_error() is None
+    except ImportError:
+        return False
+
+
+def node_ports(base: int, head: bool) -> list[tuple[str, str, int | tuple[int, int]]]:
+    """(what, option, port or (first, last)) of every port this node opens."""
+    out: list[tuple[str, str, int | tuple[int, int]]] = [
+        (what, opt, base + off)
+        for what, opt, off in PORTS
+        if (head or opt not in HEAD_ONLY) and (opt != "--ray-client-server-port" or _ray_client_installed())
+    ]
+    out.append(("Ray workers", "--min-worker-port/--max-worker-port", (base + WORKER_PORTS[0], base + WORKER_PORTS[1])))
+    return out
+
+
+def port_args(base: int, head: bool) -> list[str]:
+    argv = []
+    for _, opt, port in node_ports(base, head):
+        if isinstance(port, tuple):
+            argv += [f"--min-worker-port={port[0]}", f"--max-worker-port={port[1]}"]
+        else:
+            argv.append(f"{opt}={port}")
+    return argv
+
+
+def ports_line(base: int, head: bool) -> str:
+    parts = [
+        f"{what} {p[0]}-{p[1]}" if isinstance(p, tuple) else f"{what} {p}" for what, _, p in node_ports(base, head)
+    ]
+    return "TCP ports: " + ", ".join(parts)
+
+
 def _common(devices, host: str, node_ip: str | None, ray_args: tuple[str, ...]) -> list[str]:
     res = {resource(d.name): 1 for d in devices}
     argv = ["--block", "--disable-usage-stats", f"--resources={json.dumps(res)}", f"--labels=devicelab.host={host}"]
     return argv + ([f"--node-ip-address={node_ip}"] if node_ip else []) + list(ray_args)
+
+
+def _listeners(p: subprocess.Popen) -> set[tuple[str, int]]:
+    """(address, port) every process of this node listens on (its `ray start` and everything under it)."""
+    import psutil
+
+    try:
+        procs = psutil.Process(p.pid)
+        pids = {p.pid, *(c.pid for c in procs.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return set()
+    return {
+        (c.laddr.ip.removeprefix("::ffff:"), c.laddr.port)
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.pid in pids and c.laddr
+    }
+
+
+def other_addresses(node_ip: str | None) -> list[str]:
+    """This host's addresses other than loopback and the node's own: where a listener on every address is also
+    reachable."""
+    import ipaddress
+
+    import psutil
+
+    out = []
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family not in (socket.AF_INET, socket.AF_INET6):
+                continue
+            ip = a.address.split("%")[0]
+            if (
+                ip != node_ip
+                and not ipaddress.ip_address(ip).is_loopback
+                and not ipaddress.ip_address(ip).is_link_local
+            ):
+                out.append(ip)
+    return sorted(set(out))
+
+
+def check_exposure(p: subprocess.Popen, node_ip: str | None, base: int, head: bool, any_address: bool) -> str | None:
+    """Where Ray listens, checked once the node is up: on every address (Ray 2.60's gRPC servers bind 0.0.0.0
+    whatever --node-ip says) while this host has other addresses than the node's, it is refused in one line unless
+    --any-address says the ports are firewalled; a port outside the pinned ones is named. Returns a warning."""
+    seen = _listeners(p)
+    wild = sorted(port for ip, port in seen if ip in ("0.0.0.0", "::"))
+    others = other_addresses(node_ip)
+    if wild and others and not any_address:
+        raise DevicelabError(
+            f"Ray listens on every address of this host (ports {', '.join(map(str, wild[:8]))}"
+            f"{'…' if len(wild) > 8 else ''}), so also on {', '.join(others[:3])}, which --node-ip did not name: "
+            "firewall the printed ports to the lab's network and pass --any-address, or run this lab host in a "
+            "network namespace that holds only the lab's address"
+        )
+    pinned = set()
+    for _, _, port in node_ports(base, head):
+        pinned |= set(range(port[0], port[1] + 1)) if isinstance(port, tuple) else {port}
+    stray = sorted({port for _, port in seen} - pinned)
+    if stray:
+        return f"warning: Ray also listens on ports devicelab could not pin: {', '.join(map(str, stray))}"
+    return None
+
+
+CLAIM_STALE_S = 120  # a claim whose worker never brought its node up (it died joining) may be taken after
+
+
+def claim_devices(address: str, host: str, names: list[str]) -> str:
+    """Claim this host's devices in the cluster's key-value store before advertising them: the claim is an atomic
+    put that fails when the key exists, so of two workers started at once for one device exactly one goes on. A
+    claim is stale — and taken over — once its node is dead, or when its worker never brought a node up. Returns
+    this worker's claim token."""
+    import secrets
+
+    g, token = gcs(address), secrets.token_hex(8)
+    mine = json.dumps({"host": host, "token": token, "at": time.time(), "node": None}).encode()
+    for name in names:
+        key = claim_key(name)
+        if g.internal_kv_put(key, mine, False, KV_NAMESPACE, timeout=10):
+            continue
+        raw = g.internal_kv_get(key, KV_NAMESPACE, timeout=10)
+        held = json.loads(raw) if raw else {}
+        why = _claim_live(g, held)
+        if why:
+            raise DevicelabError(f"device {name} is {why}: stop that worker first")
+        g.internal_kv_put(key, mine, True, KV_NAMESPACE, timeout=10)
+    live = advertised(address)  # a live node that advertises one without a claim (the head restarted since)
+    taken = [n for n in names if n in live]
+    if taken:
+        release_devices(address, names, token)
+        raise DevicelabError(
+            f"device {taken[0]} is already advertised by lab host {live[taken[0]]}: stop that worker first"
+        )
+    return token
+
+
+def _claim_live(g, held: dict) -> str | None:
+    """Why a claim still holds (in words), or None when it is stale."""
+    if not held:
+        return None
+    owner = held.get("host", "?")
+    if held.get("node"):
+        alive = {nid.hex() if isinstance(nid, bytes) else str(nid) for nid, info in _nodes(g) if info.state == 0}
+        return f"already advertised by lab host {owner}" if held["node"] in alive else None
+    if time.time() - held.get("at", 0) < CLAIM_STALE_S:
+        return f"being claimed by a worker of lab host {owner} that is joining now"
+    return None
+
+
+def _nodes(g):
+    return list(g.get_all_node_info(timeout=10).items())
+
+
+def confirm_claims(address: str, host: str, names: list[str], token: str, node_ip: str | None) -> None:
+    """This worker's node is up: its claims name the node, so they hold exactly as long as the node lives."""
+    g = gcs(address)
+    mine = [
+        nid
+        for nid, info in _nodes(g)
+        if info.state == 0
+        and dict(info.labels).get("devicelab.host") == host
+        and (node_ip is None or info.node_manager_address == node_ip)
+        and all(resource(n) in dict(info.resources_total) for n in names)
+    ]
+    if len(mine) != 1:
+        return  # cannot tell which node is this one: the claims keep their joining age
+    node = mine[0].hex() if isinstance(mine[0], bytes) else str(mine[0])
+    for name in names:
+        raw = g.internal_kv_get(claim_key(name), KV_NAMESPACE, timeout=10)
+        held = json.loads(raw) if raw else {}
+        if held.get("token") == token:
+            g.internal_kv_put(
+                claim_key(name), json.dumps({**held, "node": node}).encode(), True, KV_NAMESPACE, timeout=10
+            )
+
+
+def release_devices(address: str, names, token: str) -> None:
+    """This worker's claims removed as it leaves (best effort: a dead head keeps nothing anyway)."""
+    try:
+        g = gcs(address)
+        for name in names:
+            raw = g.internal_kv_get(claim_key(name), KV_NAMESPACE, timeout=5)
+            if raw and json.loads(raw).get("token") == token:
+                g.internal_kv_del(claim_key(name), False, KV_NAMESPACE, timeout=5)
+    except Exception:  # noqa: BLE001 - the head may be gone
+        pass
 
 
 INSECURE_WARNING = (
@@ -222,6 +434,35 @@ INSECURE_WARNING = (
     "ports can run code on every lab host and drive every device. Use it only on a network nobody "
     "else can reach."
 )
+
+
+def secure(host: str, node_ip: str | None, insecure: bool, tls_dir, make_certs: bool, say, head: bool) -> None:
+    """The node's token and TLS, before any Ray process starts: the token (made on the head), refused when others
+    can read it; TLS from the lab's folder (its CA and this host's certificate made first on a head asked to)."""
+    if make_certs:
+        if not tls_dir:
+            raise DevicelabError("--make-certs needs --tls DIR: the folder for the lab's CA and certificates")
+        folder = Path(tls_dir).expanduser()
+        made = tls.make_ca(folder)
+        tls.issue(folder, host, [node_ip] if node_ip else [])
+        say(
+            f"{'made the lab CA and ' if made else ''}{host}'s certificate in {folder}; for each other lab host: "
+            f"devicelab cert --tls {folder} --host NAME --ip ADDRESS, then copy ca.crt, NAME.crt, NAME.key to it"
+        )
+    if tls.use(tls_dir, host):  # first: Ray reads its TLS settings once, when its config is first read
+        say(f"TLS on between lab hosts (CA {os.environ['RAY_TLS_CA_CERT']})")
+    use_auth_token(make=head, insecure=insecure, listens=True)
+    if insecure:
+        say(INSECURE_WARNING)
+
+
+def _up_or_stop(p: subprocess.Popen, check) -> None:
+    """Run `check` on a node that is up; a refusal stops the node before it is raised."""
+    try:
+        check()
+    except BaseException:
+        _stop(p)
+        raise
 
 
 def run_head(
@@ -233,13 +474,14 @@ def run_head(
     ray_args: tuple[str, ...] = (),
     say=print,
     insecure: bool = False,
+    tls_dir=None,
+    make_certs: bool = False,
+    any_address: bool = False,
 ) -> int:
     """Start the head node in the foreground, advertising the lab file's devices that have no lab_host."""
     _stop_on_signals()
-    use_auth_token(make=True, insecure=insecure, listens=True)
+    secure(host, node_ip, insecure, tls_dir, make_certs, say, head=True)
     blobs.clean_leftovers()
-    if insecure:
-        say(INSECURE_WARNING)
     mine = identity(source_spec)
     devices = lab.hosted_by(None)
     check_devices(devices, host)
@@ -247,7 +489,7 @@ def run_head(
         _ray_cli(),
         "start",
         "--head",
-        f"--port={port}",
+        *port_args(port, head=True),
         "--include-dashboard=false",
         *_common(devices, host, node_ip, ray_args),
     ]
@@ -265,11 +507,19 @@ def run_head(
                 p.kill()
                 raise DevicelabError(f"the Ray head did not start at {address} (ray start exited {p.poll()})") from None
             time.sleep(0.5)
+    _up_or_stop(p, lambda: _say_exposure(p, node_ip, port, True, any_address, say))
     say(
         f"devicelab head {host} at {address}: devices {', '.join(d.name for d in devices) or 'none'}; on each "
         f"other lab host: devicelab worker --address {address} --lab LAB --host NAME"
     )
     return _wait(p)
+
+
+def _say_exposure(p, node_ip, base, head, any_address, say) -> None:
+    say(ports_line(base, head))
+    warning = check_exposure(p, node_ip, base, head, any_address)
+    if warning:
+        say(warning)
 
 
 def run_worker(
@@ -282,14 +532,15 @@ def run_worker(
     ray_args: tuple[str, ...] = (),
     say=print,
     insecure: bool = False,
+    tls_dir=None,
+    port: int = 6379,
+    any_address: bool = False,
 ) -> int:
     """Join this host to the head at `address` in the foreground, advertising its devices; refused in one line
     when its devicelab or llama.cpp differs from the head's, or a device of it is missing or taken."""
     _stop_on_signals()
-    use_auth_token(insecure=insecure, listens=True)
+    secure(host, node_ip, insecure, tls_dir, False, say, head=False)
     blobs.clean_leftovers(Path(cache).expanduser() if cache else None)
-    if insecure:
-        say(INSECURE_WARNING)
     head = head_identity(address)
     why = mismatch(identity(source_spec), head)
     if why:
@@ -300,26 +551,34 @@ def run_worker(
             f"the lab file places no device on lab host {host}: give its devices `lab_host: {host}`"
             " (or start this worker with the --host its devices name)"
         )
-    taken = {d: h for d, h in advertised(address).items() if d in {x.name for x in devices}}
-    if taken:
-        d, h = next(iter(taken.items()))
-        raise DevicelabError(f"device {d} is already advertised by lab host {h}: stop that worker first")
-    check_devices(devices, host)
-    p = _start(
-        [_ray_cli(), "start", f"--address={address}", *_common(devices, host, node_ip, ray_args)],
-        _node_env(host, cache),
-    )
-    names = {d.name for d in devices}
-    deadline = time.time() + 120
-    while not names <= {d for d, h in advertised(address).items() if h == host}:
-        if p.poll() is not None or time.time() > deadline:
-            p.kill()
-            raise DevicelabError(
-                f"lab host {host} did not join {address}: `ray start` exited {p.wait()} (its output is above)"
-            )
-        time.sleep(0.5)
-    say(f"lab host {host} joined {address}: devices {', '.join(sorted(names))}")
-    return _wait(p)
+    names = sorted(d.name for d in devices)
+    token = claim_devices(address, host, names)
+    try:
+        check_devices(devices, host)
+        p = _start(
+            [
+                _ray_cli(),
+                "start",
+                f"--address={address}",
+                *port_args(port, head=False),
+                *_common(devices, host, node_ip, ray_args),
+            ],
+            _node_env(host, cache),
+        )
+        deadline = time.time() + 120
+        while not set(names) <= {d for d, h in advertised(address).items() if h == host}:
+            if p.poll() is not None or time.time() > deadline:
+                p.kill()
+                raise DevicelabError(
+                    f"lab host {host} did not join {address}: `ray start` exited {p.wait()} (its output is above)"
+                )
+            time.sleep(0.5)
+        confirm_claims(address, host, names, token, node_ip)
+        _up_or_stop(p, lambda: _say_exposure(p, node_ip, port, False, any_address, say))
+        say(f"lab host {host} joined {address}: devices {', '.join(names)}")
+        return _wait(p)
+    finally:
+        release_devices(address, names, token)
 
 
 def _stop_on_signals() -> None:
@@ -334,13 +593,17 @@ def _stop_on_signals() -> None:
         signal.signal(sig, stop)
 
 
+def _stop(p: subprocess.Popen) -> int:
+    p.terminate()
+    try:
+        return p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        return p.wait()
+
+
 def _wait(p: subprocess.Popen) -> int:
     try:
         return p.wait()
     except KeyboardInterrupt:
-        p.terminate()
-        try:
-            return p.wait(30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            return p.wait()
+        return _stop(p)

@@ -15,7 +15,7 @@ from ..lab import this_host
 from ..ledger import DONE, SKIPPED
 from ..runner.lane import EVENT_CALLS
 from ..runner.placement import RunSetup
-from . import KV_NAMESPACE, lease_key, resource
+from . import KV_NAMESPACE, lease_key, resource, tls
 from .node import code_digest, head_identity, mismatch, use_auth_token
 
 WAIT_NOTE_S = float(os.environ.get("DEVICELAB_CLUSTER_WAIT_NOTE_S", "5"))  # not placed by then: say who holds it
@@ -37,18 +37,23 @@ class ClusterPlacement:
 
     sweeps_sources = False  # the head and every lab host hold one llama.cpp source
 
-    def __init__(self, address: str):
-        self.address = address
+    def __init__(self, address: str, tls_dir=None):
+        self.address, self.tls_dir = address, tls_dir
         self.su: RunSetup | None = None
 
     def open(self, setup: RunSetup) -> None:
         """Connect to the cluster and check that its head runs this devicelab and llama.cpp."""
         address = self.address
+        tls.use(self.tls_dir, this_host(), client=True)  # Ray's TLS, where the lab has it (--tls or DEVICELAB_TLS)
         head = head_identity(address)  # says so in one line when Ray is not installed
         import ray
 
         self.su, self.ray = setup, ray
-        why = mismatch({"code": code_digest(), "llama_cpp": setup.host.src.commit}, head, who="this run's")
+        from ..build.source import tree_digest
+
+        src = setup.host.src
+        mine = {"code": code_digest(), "llama_cpp": src.commit, "llama_tree": tree_digest(src.path)}
+        why = mismatch(mine, head, who="this run's")
         if why:
             raise DevicelabError(f"cannot run on the cluster at {address}: {why}")
         use_auth_token()
@@ -197,12 +202,21 @@ class ClusterPlacement:
         if got:
             st.ready = None
             try:
-                self.ray.get(got[0])
+                there = self.ray.get(got[0])
             except Exception as e:  # noqa: BLE001 - the host went away before the lane started
                 self._fail_rest(
                     st,
                     f"{name}: lab host {host} went away before its lane started "
                     f"({type(e).__name__}); run again once it is back",
+                )
+                self._release(st)
+                return
+            theirs = (there or {}).get("code")
+            if theirs is not None and theirs != code_digest():  # checked by every lane, at the start of every run
+                self._fail_rest(
+                    st,
+                    f"{name}: lab host {host} runs another devicelab (code {theirs}, this run's {code_digest()}): "
+                    "install the same devicelab commit there and restart its worker",
                 )
                 self._release(st)
                 return

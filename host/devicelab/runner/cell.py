@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from .. import facts as factsmod
 from .. import kinds
 from .. import lab as labmod
-from ..errors import DevicelabError, RetryableError
+from ..errors import DevicelabError, NotMeasurable, RetryableError
 from ..kinds.base import HOST, SERVED, Kind, Prepared, SkipCell
 from ..models.gguf_info import ModelInfo
 from ..proc import tail
@@ -152,6 +152,7 @@ class CellRun:
     cooldown: Row | None = None
     own: str = ""  # this cell in the host's CPU activity …
     host_window: tuple[float, float] = (0.0, 0.0)  # … and when it measured, host clock
+    host_busy: float | None = None  # CPUs other processes kept busy while it measured on this host's CPUs
 
     def __post_init__(self):
         self.kind = kinds.get(self.cell.payload)
@@ -175,8 +176,18 @@ def run_cell(s: DeviceSession, cell, run_id: str, interval_ms: int) -> None:
     r = CellRun(s, cell, run_id, interval_ms)
     if r.kind.where(cell.params) == HOST:
         _run_on_host(r)
-    elif _prepare(r) and _execute(r):
+    elif _prepare(r) and _measured(r):
         _record(r)
+
+
+def _measured(r: CellRun) -> bool:
+    """_execute, with the device's own verdict that the cell cannot be measured there (killed for memory) recorded
+    as the cell's result: skipped with that reason, not retried."""
+    try:
+        return _execute(r)
+    except NotMeasurable as e:
+        r.s.ledger.skip_cell(r.cell.cell_id, str(e))
+        return False
 
 
 def _run_on_host(r: CellRun) -> None:
@@ -237,7 +248,7 @@ def _execute(r: CellRun) -> bool:
     s = r.s
     found = s.conditions.sources
     with ExitStack() as conds:
-        r.env = {**s.device.env, **r.prep.env, **found.env()}
+        r.env = {**s.device.env, **r.prep.env, **found.env(), "DEVICELAB_CURRENT": s.link.current_file}
         try:
             _enter_conditions(r, conds)
         except SkipCell as e:
@@ -268,7 +279,7 @@ def _measure(r: CellRun) -> None:
     cpu = s.host.cpu
     t0 = time.time()
     r.own = f"{s.name} measuring" if s.measures_on_host else f"{s.name} cell"
-    with cpu.measure(r.own) if s.measures_on_host else cpu.activity(r.own):
+    with cpu.measure(r.own) if s.measures_on_host else cpu.activity(r.own) as m:
         for name, argv in r.prep.runs:
             remote = r.remote if name == "main" else posixpath.join(r.remote, name)
             runner = [
@@ -283,6 +294,7 @@ def _measure(r: CellRun) -> None:
             ]
             _run_payload(r, Payload(name, argv, runner, remote, artifacts.run_dir(r.base, name)))
     r.host_window = (t0, time.time())
+    r.host_busy = getattr(m, "others_cpus", None)
 
 
 def _run_payload(r: CellRun, p: Payload) -> None:
@@ -336,6 +348,7 @@ def _record(r: CellRun) -> None:
     ctx = base_context(s, cell, r.run_id)
     ctx.update(r.provenance)
     ctx["host_activity"] = s.host.cpu.during(*r.host_window, exclude=r.own) or None
+    ctx["host_busy_cpus"] = r.host_busy
     if r.cx.qf is not None:
         ctx.update(model_context(s.host, cell.model, r.cx.qf))
     artifacts.write_meta(

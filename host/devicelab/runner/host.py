@@ -7,9 +7,12 @@ host-side steps wait; every cell records what else the lab ran on the host durin
 from __future__ import annotations
 
 import json
+import os
+import resource
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import kinds, recipe_paths
@@ -19,6 +22,30 @@ from ..build import targets
 from ..errors import DevicelabError
 from ..models import convert, gguf_info, store
 from ..models.ladder import Ladder
+
+
+def cpu_seconds() -> tuple[float, float] | None:
+    """(CPU-seconds the whole machine has been busy, steal included — time a VM's neighbours took —, CPU-seconds
+    of this process and its reaped children): /proc/stat's first line and getrusage. None off Linux."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = v[3] + (v[4] if len(v) > 4 else 0)  # idle + iowait
+    usage = (resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN))
+    own = sum(u.ru_utime + u.ru_stime for u in usage)
+    return (sum(v) - idle) / hz, own
+
+
+@dataclass
+class Measurement:
+    """What a measurement on this host's CPUs learns of the host beside it: `others_cpus`, the CPUs other
+    processes kept busy on average while it ran (whatever the lab did not start: another user's job, a
+    leftover process, a VM neighbour's steal), None where the host cannot tell."""
+
+    others_cpus: float | None = None
 
 
 class HostCPUs:
@@ -41,15 +68,20 @@ class HostCPUs:
 
     @contextmanager
     def measure(self, who: str):
+        """Measure alone on these CPUs; yields a Measurement filled in when the block ends."""
         with self._cv:
             self._waiting_measures += 1
             self._cv.wait_for(lambda: self._measuring is None and self._workers == 0)
             self._waiting_measures -= 1
             self._measuring = who
             entry = self._enter(who)
+        m, t0, c0 = Measurement(), time.monotonic(), cpu_seconds()
         try:
-            yield
+            yield m
         finally:
+            c1, wall = cpu_seconds(), time.monotonic() - t0
+            if c0 is not None and c1 is not None and wall > 0:
+                m.others_cpus = round(max(0.0, (c1[0] - c0[0]) - (c1[1] - c0[1])) / wall, 3)
             with self._cv:
                 entry[2] = time.time()
                 self._measuring = None

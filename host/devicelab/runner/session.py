@@ -62,6 +62,10 @@ class Link:
         stack.callback(self.t.close)
         ev.lane(self.name, "device facts and kit")
         self.kit = kitmod.ensure(self.t, lambda p, sha, name: self.push(p, sha, name=name))
+        if not self.t.builds_before_facts:
+            self.collect_facts()
+
+    def collect_facts(self) -> None:
         self.facts = factsmod.collect(self.t, self.kit, self.device.telemetry_root)
 
     @property
@@ -95,11 +99,29 @@ class Link:
         except Exception:  # noqa: BLE001 - any failure to reach it means it is gone
             return False
 
-    def stop(self, remote: str, timeout: float | None = None) -> None:
-        """Stop what run_payload.sh started in a device folder (its runner, payload, sampler, co-runners)."""
+    def stop(self, remote: str, timeout: float | None = None) -> int:
+        """Stop what run_payload.sh started in a device folder (its runner, payload, sampler, co-runners); how many
+        of them were still running."""
+        n = 0
         for pids in read_pids(self.t, remote).values():
             for pid in pids:
-                self.t.run(["kill", pid], timeout=timeout)
+                n += self.t.run(["kill", pid], timeout=timeout).rc == 0
+        return n
+
+    @property
+    def current_file(self) -> str:
+        """The device's "what runs now" file: run_payload.sh writes the running payload's folder into it."""
+        return posixpath.join(self.t.workdir(), "current")
+
+    def stop_leftover(self, warn) -> None:
+        """A payload an earlier session left running (its lane killed, its host gone): stopped before this session
+        measures anything, and said. The device's lock is held, so nothing running there is anyone's now."""
+        left = (self.t.read_text(self.current_file) or "").strip()
+        if not left:
+            return
+        if self.stop(left, timeout=30):
+            warn(f"a payload left running by an earlier run ({left}) was stopped first")
+        self.t.run(["rm", "-f", self.current_file], timeout=30)
 
 
 # ==================================================================== the builds
@@ -134,6 +156,10 @@ class Builds:
             if stage:
                 self.ev.stage(f"llama.cpp native build on {self.link.name} ({tgt.name})")
             return remote.ensure(self.link.t, self.host.src, tgt, jobs=self.host.jobs)
+        if tgt.where == "transport":  # the transport makes it (an app built and signed on the device's Mac)
+            if stage:
+                self.ev.stage(f"llama.cpp build for {self.link.name} ({tgt.name})")
+            return self.link.t.make_build(self.host.src, tgt, jobs=self.host.jobs)
         return self.host.build(tgt)
 
     def for_backend(self, backend: str | None):
@@ -348,8 +374,14 @@ class DeviceSession:
 
     def _open(self) -> None:
         self.link.open(self.ev, self._stack)
-        self.conditions.measure_first()
-        self.builds.open(self.conditions.warn)
+        self.link.stop_leftover(self.conditions.warn)
+        if self.link.t.builds_before_facts:  # its facts are its build's to tell (an app on a phone): build first
+            self.builds.open(self.conditions.warn)
+            self.link.collect_facts()
+            self.conditions.measure_first()
+        else:
+            self.conditions.measure_first()
+            self.builds.open(self.conditions.warn)
         self.conditions.open_sources()
         self.conditions.pin_governor(self._stack)
 

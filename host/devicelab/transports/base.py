@@ -80,10 +80,17 @@ class Transport(ABC):
     name: str = "device"
     # True where the device's payloads run on this host's own CPUs (the lab then measures alone on them)
     measures_on_host: bool = False
+    # True where the device's facts come from its build (an app on a phone): a session makes the build first
+    builds_before_facts: bool = False
 
     def default_target(self, device, facts: dict):
         """The llama.cpp build target for this device from its facts, and warnings for the user."""
         raise DevicelabError(f"no build target for {self.name} ({facts.get('uname')})")
+
+    def make_build(self, src, target, jobs: int | None = None):
+        """The build of a target whose `where` is "transport": a device whose transport makes its own builds (an
+        iPhone's app, built and signed on its Mac). Its object has `manifest`, `key` and `tool(name)` like any build."""
+        raise DevicelabError(f"{self.name} cannot make its own builds (target {target.name})")
 
     def host_key(self):
         """(key, what to show the user) for a device reached over SSH; others have no host key."""

@@ -31,6 +31,11 @@ class DeviceBase(BaseModel):
     # runs. Only a run across a cluster (`--cluster`) places it there; a single-host run drives every device here
     lab_host: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
 
+    def resolve(self, devices: dict[str, "DeviceBase"]) -> "DeviceBase":
+        """This entry once the whole lab file is read: a transport chained through another device's (an iPhone
+        through its Mac) takes that device's settings here. The default: nothing to resolve."""
+        return self
+
     @field_validator("name", "lab_host")
     @classmethod
     def _safe_name(cls, v: str | None) -> str | None:
@@ -69,3 +74,37 @@ class ADBSettings(DeviceBase):
     serial: str | None = None
     adb_host: str = "127.0.0.1"
     adb_port: int = Field(default=5037, ge=1, le=65535)
+
+
+class IOSSettings(DeviceBase):
+    """An iPhone or iPad paired with a Mac (Xcode 15+, Developer Mode on), reached through that Mac's SSH entry with
+    `xcrun devicectl`; the devicelab app is built and signed on the Mac with the user's team."""
+
+    transport: Literal["ios"]
+    mac: str = Field(min_length=1)  # the name of the lab's `ssh` entry for the Mac the device is paired with
+    udid: str = Field(pattern=r"^[A-Fa-f0-9-]{8,64}$")  # `xcrun devicectl list devices` (or `devices probe MAC`)
+    team_id: str = Field(pattern=r"^[A-Z0-9]{10}$")  # the Apple developer team that signs the app
+    bundle_id: str  # the app's bundle identifier, reverse-DNS under a prefix the team may use
+    xcode: str | None = None  # DEVELOPER_DIR of the Xcode to build with (default: the Mac's selected one)
+    min_os: str | None = Field(default=None, pattern=r"^[0-9]+(\.[0-9]+){0,2}$")  # deployment target override
+    # the Mac's entry, taken from the lab file by `mac` (filled in when the lab is read; not written by hand)
+    mac_ssh: SSHSettings | None = None
+
+    @field_validator("bundle_id")
+    @classmethod
+    def _reverse_dns(cls, v: str) -> str:
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9-]*(\.[A-Za-z0-9-]+)+", v):
+            raise ValueError(f"{v!r} is not a bundle id: a reverse-DNS name such as org.example.devicelab")
+        return v
+
+    def resolve(self, devices: dict[str, DeviceBase]) -> DeviceBase:
+        mac = devices.get(self.mac)
+        if mac is None and self.mac_ssh is not None and self.mac_ssh.name == self.mac:
+            return self  # already resolved (an entry sent to a cluster node)
+        if not isinstance(mac, SSHSettings):
+            known = ", ".join(n for n, d in devices.items() if isinstance(d, SSHSettings)) or "none"
+            raise ValueError(
+                f"{self.name}: mac {self.mac!r} is not an ssh entry of this lab file (ssh entries: {known}); add the "
+                "Mac under devices: with transport: ssh"
+            )
+        return self.model_copy(update={"mac_ssh": mac})

@@ -251,9 +251,10 @@ class SSHTransport(Transport):
 
     # ---------------------------------------------------------------- port forwarding
     @contextmanager
-    def forward(self, remote_port: int) -> Iterator[int]:
+    def forward(self, remote_port: int, host: str = "127.0.0.1") -> Iterator[int]:
         """`ssh -L`: a listener on 127.0.0.1:<free port> here; each connection to it becomes a
-        direct-tcpip channel to 127.0.0.1:remote_port on the device, over the verified connection."""
+        direct-tcpip channel to host:remote_port as the device sees it (its loopback by default, or an address
+        only it reaches: a phone's tunnel address seen from its Mac), over the verified connection."""
         if self.client is None:
             self.connect()
         tr = self.client.get_transport()
@@ -290,7 +291,7 @@ class SSHTransport(Transport):
                 except OSError:
                     return
                 try:
-                    ch = tr.open_channel("direct-tcpip", ("127.0.0.1", remote_port), peer)
+                    ch = tr.open_channel("direct-tcpip", (host, remote_port), peer)
                 except (paramiko.SSHException, EOFError, OSError):
                     conn.close()  # the device refused (nothing listening yet): the client retries
                     continue

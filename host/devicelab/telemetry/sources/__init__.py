@@ -12,7 +12,19 @@ from typing import Any
 
 from ...transports.base import Transport
 from ..sampler_csv import SamplerTrace
-from . import android, cpufreq, gpu_sysfs, hwmon, mac, nvidia_smi, power_supply, powermetrics, rapl, thermal_zones
+from . import (
+    android,
+    cpufreq,
+    gpu_sysfs,
+    harness,
+    hwmon,
+    mac,
+    nvidia_smi,
+    power_supply,
+    powermetrics,
+    rapl,
+    thermal_zones,
+)
 from .base import DeviceAccess, Energy, ProbeView, Snapshot, Source, UnknownSource
 
 SOURCES: tuple[Source, ...] = (
@@ -25,6 +37,7 @@ SOURCES: tuple[Source, ...] = (
     android.SOURCE,
     mac.SOURCE,
     powermetrics.SOURCE,
+    harness.SOURCE,
     nvidia_smi.SOURCE,
 )
 BY_NAME = {s.name: s for s in SOURCES}
