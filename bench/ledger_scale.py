@@ -241,7 +241,10 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the synthesized labs in this folder")
     a = ap.parse_args()
     if not a.template.exists():
-        raise SystemExit(f"{a.template}: no such ledger; give --template LAB/ledger.sqlite of a real run")
+        raise SystemExit(
+            f"{a.template}: no such ledger; give --template LAB/ledger.sqlite of a real run (the quickstart's: "
+            f"`devicelab run recipes/quickstart.yaml --lab-dir {a.template.parent}`, a few minutes)"
+        )
     work = Path(tempfile.mkdtemp(prefix="ledger-scale-", dir=a.keep))
     tmpl = template(a.template, work)
     last = None

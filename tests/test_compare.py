@@ -271,3 +271,21 @@ def test_export_is_read_by_compare_llama_bench(two_runs, source, tmp_path):
     table = [ln for ln in p.stdout.splitlines() if ln.startswith("| local")]
     assert len(table) == 4 and all("smollm2-135m" in ln for ln in table), p.stdout
     assert {"Q4_1", "Q8_0"} <= {w for ln in table for w in ln.replace("|", " ").split()}
+
+
+def test_welch_p_is_scipys():
+    """compare's Welch test (the t distribution from scipy.special, to spare every command importing scipy.stats)
+    gives scipy.stats.ttest_ind(equal_var=False)'s p-value."""
+    import statistics
+
+    from scipy import stats
+
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        a = rng.normal(10, rng.uniform(0.1, 3), rng.integers(2, 20))
+        b = rng.normal(10 + rng.uniform(-3, 3), rng.uniform(0.1, 3), rng.integers(2, 20))
+        ref = stats.ttest_ind(a, b, equal_var=False).pvalue
+        got = cmpmod.welch_p(
+            statistics.fmean(a), statistics.variance(a), len(a), statistics.fmean(b), statistics.variance(b), len(b)
+        )
+        assert got == pytest.approx(ref, rel=1e-9, abs=1e-300)

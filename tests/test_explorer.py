@@ -72,3 +72,17 @@ def test_a_page_from_rows_with_no_quality_no_energy_no_artifacts():
     assert d["traces"] == [] and not any(p["metric"] == "kld_mean" for p in d["points"])
     assert "no quality measured: the speed and memory picks alone" in html
     assert "add `- kind: kld`" in html
+
+
+def test_the_comparison_reads_only_what_it_compares():
+    """The report's comparison section is given only the columns a comparison reads (not each row's provenance),
+    and says what a comparison over every column says."""
+    from devicelab.report import sections
+
+    rows = _rows()
+    rows["samples"] = rows["value"].map(lambda v: f"[{v * 0.99}, {v}, {v * 1.01}]" if v == v else None)
+    rows["host_busy_cpus"] = 0.0
+    full = "".join(sections._comparison(rows, k, c) for k, c in sections.COMPARED if c in rows)
+    assert "device: phone against tiny" in full
+    assert full in sections.comparisons(rows)
+    assert set(rows.columns) - sections.compared_columns() >= {"build_flags", "model_sha256", "energy_calibration"}

@@ -20,7 +20,7 @@ from devicelab import ledger_schema as ls
 from devicelab.ledger import Ledger, ledger_path
 from devicelab.ledger_migrate import CUT_ENV, backup_path
 from devicelab.plan import Cell
-from devicelab.schema import Row
+from devicelab.schema import ROW_COLUMNS, Row
 
 FIXTURE = Path(__file__).parent / "fixtures" / "ledger-v1.sql"
 HERE = Path(__file__).parent
@@ -60,12 +60,30 @@ def old_frame(path: Path, done_only: bool = True) -> pd.DataFrame:
     df["cpu_quota"] = pd.to_numeric(df["cpu_quota"], errors="coerce")
     df["throttled"] = df["throttled"].map({"1": True, "0": False, 1: True, 0: False, "True": True, "False": False})
     db.close()
+    # the columns rows gained after version 1 (schema.ROW_COLUMNS, e.g. host_busy_cpus): empty for its rows
+    for c in NEWER_COLUMNS:
+        df.insert(list(ROW_COLUMNS).index(c) + 1, c, None)
     return df
 
 
+def _v1_columns() -> list[str]:
+    db = sqlite3.connect(":memory:")
+    db.executescript(FIXTURE.read_text())
+    cols = [r[1] for r in db.execute("PRAGMA table_info(rows)")]
+    db.close()
+    return cols
+
+
+V1_COLUMNS = _v1_columns()
+NEWER_COLUMNS = [c for c in ROW_COLUMNS if c not in V1_COLUMNS]
+
+
 def raw(path: Path, table: str = "rows") -> list[tuple]:
+    """The stored rows as version 1 had them: its columns, in its order."""
     db = sqlite3.connect(path)
-    out = db.execute(f"SELECT * FROM {table} ORDER BY row_id").fetchall()
+    have = {d[0] for d in db.execute(f"SELECT * FROM {table} LIMIT 0").description}
+    cols = ", ".join(c for c in V1_COLUMNS if c in have)
+    out = db.execute(f"SELECT {cols} FROM {table} ORDER BY row_id").fetchall()
     db.close()
     return out
 

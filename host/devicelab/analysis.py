@@ -87,16 +87,53 @@ def _spearman(x, y) -> float:
     return float(pd.Series(x).rank().corr(pd.Series(y).rank()))
 
 
-# Each seed claim, checked on one device's and model's rows: (claim, held: True/False/None = not enough data,
-# evidence), or None where the rows cannot speak to it.
+# Each seed claim, checked on one device's and model's figures per quant (found for every device and model at once,
+# in `_PerQuant`): (claim, held: True/False/None = not enough data, evidence), or None where the rows cannot speak
+# to it.
+
+GROUP = ["device", "model"]
 
 
-def _decode_vs_bpw(g: pd.DataFrame):
-    dec = g[(g.metric == "decode_tps") & g.value.notna()]
-    if dec.empty:
+def _split(df: pd.DataFrame | pd.Series, levels: int = 2) -> dict:
+    """A frame or series indexed by (device, model, …, quant), split per its first `levels` index levels."""
+    if df.empty:
+        return {}
+    return {k: g.droplevel(list(range(levels))) for k, g in df.groupby(level=list(range(levels)), sort=False)}
+
+
+class _PerQuant:
+    """The figures each claim reads, per device and model and quant, from the rows measured without a CPU quota
+    or a co-running load: one grouped pass over the rows per figure."""
+
+    def __init__(self, plain: pd.DataFrame):
+        per = [*GROUP, "quant"]
+        dec = plain[(plain.metric == "decode_tps") & plain.value.notna()]
+        self.top_threads = dec.groupby(GROUP)["threads"].max().to_dict()
+        top = dec[dec.threads == dec.groupby(GROUP)["threads"].transform("max")]
+        self.decode = _split(top.groupby(per).agg(bpw=("bpw", "first"), tps=("value", "max")))
+        speed = plain[plain.metric.isin(["prefill_tps", "decode_tps"]) & plain.value.notna()]
+        by = speed.groupby([*GROUP, "metric"])["threads"]
+        self.threads = by.agg(["nunique", "min", "max"]).to_dict("index")
+        at = {}
+        for end in ("min", "max"):
+            m = speed[speed.threads == by.transform(end)]
+            at[end] = _split(m.groupby([*GROUP, "metric", "quant"])["value"].max(), 3)
+        self.speed_lo, self.speed_hi = at["min"], at["max"]
+        kld = plain[(plain.metric == "kld_mean") & plain.value.notna()]
+        self.kld = _split(kld.groupby(per).agg(bpw=("bpw", "first"), kld=("value", "min")))
+        cell = plain.cell_id.astype(object).where(plain.cell_id.notna(), None)
+        tok = plain.phase.isin(TOKEN_PHASES)
+        timed = set(zip(plain.device[tok], plain.model[tok], cell[tok], strict=True))
+        rss = plain[(plain.metric == "peak_rss") & plain.value.notna()]
+        rss = rss[np.array([k in timed for k in zip(rss.device, rss.model, cell[rss.index], strict=True)], bool)]
+        self.rss = _split(rss.groupby(per).agg(b=("model_bytes", "first"), rss=("value", "max")))
+
+
+def _decode_vs_bpw(f: _PerQuant, key: tuple):
+    if key not in f.top_threads:
         return None
-    t = int(dec.threads.max())
-    d = dec[dec.threads == t].groupby("quant").agg(bpw=("bpw", "first"), tps=("value", "max")).sort_values("bpw")
+    t = int(f.top_threads[key])
+    d = f.decode.get(key, pd.DataFrame({"bpw": [], "tps": []})).sort_values("bpw")
     rho = _spearman(d.bpw, d.tps)
     mono = bool((np.diff(d.tps.values) <= 0).all()) if len(d) > 1 else None
     return (
@@ -107,14 +144,13 @@ def _decode_vs_bpw(g: pd.DataFrame):
     )
 
 
-def _core_scaling(g: pd.DataFrame):
+def _core_scaling(f: _PerQuant, key: tuple):
     sp = {}
     for metric in ("prefill_tps", "decode_tps"):
-        m = g[(g.metric == metric) & g.value.notna()]
-        if m.threads.nunique() >= 2:
-            lo, hi = int(m.threads.min()), int(m.threads.max())
-            a = m[m.threads == lo].groupby("quant").value.max()
-            b = m[m.threads == hi].groupby("quant").value.max()
+        th = f.threads.get((*key, metric))
+        if th is not None and th["nunique"] >= 2:
+            lo, hi = int(th["min"]), int(th["max"])
+            a, b = f.speed_lo[(*key, metric)], f.speed_hi[(*key, metric)]
             sp[metric] = (float((b / a).median()), lo, hi)
     if len(sp) != 2:
         return None
@@ -126,8 +162,10 @@ def _core_scaling(g: pd.DataFrame):
     )
 
 
-def _quality_knee(g: pd.DataFrame):
-    k = g[(g.metric == "kld_mean") & g.value.notna()].groupby("quant").agg(bpw=("bpw", "first"), kld=("value", "min"))
+def _quality_knee(f: _PerQuant, key: tuple):
+    k = f.kld.get(key)
+    if k is None:
+        return None
     k = k[k.kld > 0].sort_values("bpw", ascending=False)
     if len(k) < 3:
         return None
@@ -142,14 +180,9 @@ def _quality_knee(g: pd.DataFrame):
     )
 
 
-def _memory_vs_bpw(g: pd.DataFrame):
-    timed = g[g.phase.isin(TOKEN_PHASES)].cell_id.unique()
-    rss = (
-        g[(g.metric == "peak_rss") & g.cell_id.isin(timed) & g.value.notna()]
-        .groupby("quant")
-        .agg(b=("model_bytes", "first"), rss=("value", "max"))
-    )
-    if len(rss) < 3:
+def _memory_vs_bpw(f: _PerQuant, key: tuple):
+    rss = f.rss.get(key)
+    if rss is None or len(rss) < 3:
         return None
     r = float(np.corrcoef(rss.b.astype(float), rss.rss.astype(float))[0, 1])
     slope = float(np.polyfit(rss.b.astype(float), rss.rss.astype(float), 1)[0])
@@ -193,12 +226,19 @@ def _contention(g: pd.DataFrame, free: pd.DataFrame) -> list[tuple]:
 PLAIN_CLAIMS = (_decode_vs_bpw, _core_scaling, _quality_knee, _memory_vs_bpw)
 
 
+# what the claims read of a row
+FINDINGS_READ = ("device", "model", "quant", "bpw", "model_bytes", "cell_id", "metric", "phase", "value", "threads")
+FINDINGS_READ += ("cpu_quota", "contention")
+
+
 def findings(rows: pd.DataFrame) -> list[dict]:
     """Each seed claim: claim, held (True/False/None = not enough data), evidence."""
+    rows = rows[[c for c in FINDINGS_READ if c in rows.columns]]
     found = []
     plain = rows[(rows.contention.fillna(0) == 0) & rows.cpu_quota.isna()]
-    for (dev, model), g in plain.groupby(["device", "model"]):
-        found += [(dev, model, f) for f in (claim(g) for claim in PLAIN_CLAIMS) if f is not None]
+    per_quant = _PerQuant(plain)
+    for dev, model in plain.groupby(GROUP).size().index:
+        found += [(dev, model, f) for f in (claim(per_quant, (dev, model)) for claim in PLAIN_CLAIMS) if f is not None]
     q = rows[(rows.metric == "decode_tps") & rows.value.notna()]
     for (dev, model), g in q.groupby(["device", "model"]):
         free = g[g.cpu_quota.isna() & (g.contention.fillna(0) == 0)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
@@ -154,8 +155,8 @@ def _samples(row) -> list[float]:
 def _stat(rows: pd.DataFrame) -> Stat:
     """One side's figure for a key: the repetitions of every row of it pooled, else its means."""
     samples: list[float] = []
-    for _, r in rows.iterrows():
-        samples += _samples(r)
+    for s in rows["samples"] if "samples" in rows.columns else ():  # one column, not a Series per row
+        samples += _samples({"samples": s})
     vals = pd.to_numeric(rows["value"], errors="coerce").dropna()
     if len(samples) >= 2:
         s = pd.Series(samples)
@@ -170,15 +171,33 @@ def _stat(rows: pd.DataFrame) -> Stat:
 
 def _welch(a: Stat, b: Stat) -> float | None:
     """Welch's t-test p-value over the repetitions; None where a side has no spread to test against."""
-    from scipy import stats
-
     if len(a.samples) >= 2 and len(b.samples) >= 2:
         if a.sd == 0 and b.sd == 0:
             return 1.0 if a.mean == b.mean else 0.0
-        return float(stats.ttest_ind(a.samples, b.samples, equal_var=False).pvalue)
+        xa, xb = a.samples, b.samples
+        return welch_p(
+            statistics.fmean(xa),
+            statistics.variance(xa),
+            len(xa),
+            statistics.fmean(xb),
+            statistics.variance(xb),
+            len(xb),
+        )
     if a.n >= 2 and b.n >= 2 and a.sd is not None and b.sd is not None and (a.sd > 0 or b.sd > 0):
-        return float(stats.ttest_ind_from_stats(a.mean, a.sd, a.n, b.mean, b.sd, b.n, equal_var=False).pvalue)
+        return welch_p(a.mean, a.sd**2, a.n, b.mean, b.sd**2, b.n)
     return None
+
+
+def welch_p(ma: float, va: float, na: int, mb: float, vb: float, nb: int) -> float:
+    """Two-sided p of Welch's t from each side's mean, variance and count (Welch–Satterthwaite degrees of freedom),
+    as scipy.stats.ttest_ind(equal_var=False) gives it; Student's t distribution from scipy.special (importing
+    scipy.stats costs a command 0.8 s, scipy.special 0.2 s)."""
+    from scipy.special import stdtr
+
+    sa, sb = va / na, vb / nb
+    df = (sa + sb) ** 2 / (sa * sa / (na - 1) + sb * sb / (nb - 1))
+    t = (ma - mb) / math.sqrt(sa + sb)
+    return float(2 * stdtr(df, -abs(t)))
 
 
 def holm(ps: list[float]) -> list[float]:

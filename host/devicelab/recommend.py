@@ -2,8 +2,9 @@
 measured runtime overhead), meets the quality bar, the speed target and the energy budget — with the
 reason every other candidate lost. Works from the ledger or from an exported table alone.
 
-A candidate is first measured (`measure`: its figures from its rows), then judged (`judge`: CHECKS, one small
-function per constraint, each returning the reasons it lost). What the CLI and the report show of the result is
+A candidate is first measured (`Figures.of` finds every candidate's figures in one grouped pass over the rows per
+figure, `measure` makes one candidate of them), then judged (`judge`: CHECKS, one small function per constraint,
+each returning the reasons it lost). What the CLI and the report show of the result is
 made once, in tables.recommendation_views."""
 
 from __future__ import annotations
@@ -115,106 +116,208 @@ def _num(x):
     return None if math.isnan(f) else f
 
 
-def _metric(df: pd.DataFrame, metric: str, how: str = "max", phase: str | None = None):
-    d = df[df["metric"] == metric]
+# ---------------------------------------------------------------- measuring: every candidate's figures from its rows
+# Each figure is found for every candidate at once (one grouped pass over the frame per figure), so measuring costs
+# what the rows do, not rows × candidates.
+
+Key = tuple[str, str, str, str]  # device, model, quant, backend
+KEY = ["device", "model", "quant", "_backend"]
+# what a candidate is measured from: the recommendation reads no other column
+READ = (
+    "device",
+    "model",
+    "quant",
+    "backend",
+    "cell_id",
+    "metric",
+    "value",
+    "phase",
+    "test",
+    "threads",
+    "n_prompt",
+    "n_gen",
+    "n_depth",
+    "model_bytes",
+    "bpw",
+    "kv_bytes_per_token",
+    "ram_budget_bytes",
+    "ram_budget_source",
+    "device_mem_bytes",
+    "battery_wh",
+    "battery_source",
+    "energy_calibration",
+)
+FIRST = ("model_bytes", "bpw", "kv_bytes_per_token", "ram_budget_bytes", "ram_budget_source", "device_mem_bytes")
+FIRST += ("battery_wh", "battery_source")
+# (figure, metric, max or min, phase): the best value of each over a candidate's rows (the first of equals)
+BEST = (
+    ("decode_tps", "decode_tps", "max", None),
+    ("prefill_tps", "prefill_tps", "max", None),
+    ("kld_mean", "kld_mean", "max", None),
+    ("ppl_ratio", "ppl_ratio", "max", None),
+    ("devhost_kld", "devhost_kld_mean", "max", None),
+    ("energy_per_token", "energy_per_token", "min", "decode"),
+)
+
+
+def _keys(df: pd.DataFrame) -> list[Key]:
+    return list(zip(*(df[c] for c in KEY), strict=True))
+
+
+def _by_key(s: pd.Series) -> dict:
+    """A grouped figure (indexed by KEY, perhaps a level more) as {key tuple: value}."""
+    return dict(zip(s.index, s.to_numpy(), strict=True))
+
+
+def _best(rows: pd.DataFrame, metric: str, how: str, phase: str | None) -> dict[Key, tuple[float, object]]:
+    """Per candidate: the largest (smallest) value of a metric and that row's threads."""
+    d = rows[(rows["metric"] == metric) & rows["value"].notna()]
     if phase:
         d = d[d["phase"] == phase]
-    d = d[d["value"].notna()]
     if d.empty:
-        return None, None
-    i = d["value"].idxmax() if how == "max" else d["value"].idxmin()
-    return float(d.loc[i, "value"]), d.loc[i]
-
-
-def _task_accuracy(g: pd.DataFrame) -> dict[str, float]:
-    """A candidate's accuracy per task (one `test` each; the mean over the routes that ran it)."""
-    d = g[(g["metric"] == "accuracy") & g["value"].notna()]
-    return {str(t): float(v) for t, v in d.groupby("test")["value"].mean().items()}
-
-
-def _col(first, name):
-    return first[name] if name in first.index else None
-
-
-def _energy(g: pd.DataFrame, threads, spec: RecommendSpec, first) -> dict:
-    """Energy of one prompt of the recipe's shape: prompt tokens × prefill J/token + generated tokens × decode
-    J/token (the median over the candidate's cells at its decode threads), in Wh; and its share of the device's
-    full battery per 1,000 prompts. Where the figures came from, in words."""
-    e = g[(g["metric"] == "energy_per_token") & g["value"].notna()]
-    if threads is not None and (e["threads"] == threads).any():
-        e = e[e["threads"] == threads]
-    notes = []
-
-    def per_token(phase: str, speed: str) -> float | None:
-        """J/token of a phase; a phase shorter than one sample has none: then the mean power of the cells
-        over the phase's measured speed."""
-        d = e[e["phase"] == phase]
-        if not d.empty:
-            return float(d["value"].median())
-        pw = g[(g["metric"] == "power_mean") & (g["phase"] == "cell") & g["value"].notna()]
-        tps, _ = _metric(g, speed)
-        if pw.empty or not tps:
-            return None
-        notes.append(f"{phase} from the cells' mean power over {phase} t/s (a phase shorter than one sample)")
-        return float(pw["value"].median()) / tps
-
-    pre, dec = per_token("prefill", "prefill_tps"), per_token("decode", "decode_tps")
-    if pre is None or dec is None:
         return {}
-    t = g[g["phase"].isin(TOKEN_PHASES)]
-    n_p = spec.prompt_tokens or _num(pd.to_numeric(t[t["phase"] == "prefill"]["n_prompt"]).max())
-    n_g = spec.gen_tokens or _num(pd.to_numeric(t[t["phase"] == "decode"]["n_gen"]).max())
-    if not n_p or not n_g:
-        return {}
-    n_p, n_g = int(n_p), int(n_g)
-    wh = (n_p * pre + n_g * dec) / 3600
-    cal = {}
-    for v in g[g["metric"].isin(["energy_per_token", "power_mean"])]["energy_calibration"].dropna():
-        try:
-            cal = json.loads(v) if isinstance(v, str) else dict(v)
-        except (TypeError, ValueError):
+    g = d.groupby(KEY, sort=False)["value"]
+    at = g.idxmax() if how == "max" else g.idxmin()
+    values, threads = d["value"].loc[at.to_numpy()].to_numpy(), d["threads"].loc[at.to_numpy()].to_numpy()
+    return {k: (float(v), t) for k, v, t in zip(at.index, values, threads, strict=True)}
+
+
+def _overheads(rows: pd.DataFrame, first: dict) -> dict[Key, int]:
+    """Runtime overhead from the cells that ran prompts/generations (their token counts give the context): peak
+    RSS − weights − KV at that context; the largest over a candidate's cells, none where no peak RSS was
+    measured."""
+    cell = [*KEY, "cell_id"]
+    timed = rows["phase"].isin(TOKEN_PHASES).groupby([rows[c] for c in cell], sort=False).any()
+    nctx = (rows["n_prompt"].fillna(0) + rows["n_gen"].fillna(0) + rows["n_depth"].fillna(0)).astype(float)
+    nctx = nctx.groupby([rows[c] for c in cell], sort=False).max()
+    rss = rows["value"].where((rows["metric"] == "peak_rss") & rows["value"].notna())
+    rss = rss.groupby([rows[c] for c in cell], sort=False).max()
+    out: dict[Key, float] = {}
+    for (*key, _), t, n, r in zip(timed.index, timed.to_numpy(), nctx.to_numpy(), rss.to_numpy(), strict=True):
+        if not t or math.isnan(r):
             continue
-        break
-    how = ", ".join(
-        f"{k} {v}"
-        for k, v in cal.items()
-        if k in ("source", "current_unit", "current_sign", "energy_from", "calibrated_by")
-    )
-    how = "; ".join([how or "power source unnamed", *notes])
-    out = {"wh_per_prompt": wh, "prompt_shape": f"pp{n_p}+tg{n_g}", "energy_source": how}
-    cap = _num(_col(first, "battery_wh"))
-    if cap:
-        out["battery_per_1000"] = 1000 * wh / cap
-        out["energy_source"] += f"; battery {cap:.1f} Wh ({_col(first, 'battery_source')})"
+        f = first[tuple(key)]
+        o = max(0.0, float(r) - int(f["model_bytes"]) - (_num(f["kv_bytes_per_token"]) or 0) * float(n))
+        out[tuple(key)] = max(out.get(tuple(key), o), o)
+    return {k: int(v) for k, v in out.items()}
+
+
+def _calibration(v) -> dict | None:
+    try:
+        return json.loads(v) if isinstance(v, str) else dict(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _energies(rows: pd.DataFrame, first: dict, best: dict, spec: RecommendSpec) -> dict[Key, dict]:
+    """Energy of one prompt of the recipe's shape per candidate: prompt tokens × prefill J/token + generated
+    tokens × decode J/token (the median over its cells at its decode threads), in Wh; and its share of the
+    device's full battery per 1,000 prompts. Where the figures came from, in words."""
+    e = rows[(rows["metric"] == "energy_per_token") & rows["value"].notna()]
+    pw = rows[(rows["metric"] == "power_mean") & (rows["phase"] == "cell") & rows["value"].notna()]
+    if e.empty and pw.empty:
+        return {}
+    threads = {k: int(t) for k, (_, t) in best["decode_tps"].items() if pd.notna(t)}
+    at = [threads.get(k) for k in _keys(e)]
+    same = [t is not None and pd.notna(x) and x == t for x, t in zip(e["threads"], at, strict=True)]
+    same = pd.Series(same, index=e.index, dtype=bool)
+    some = same.groupby([e[c] for c in KEY], sort=False).transform("any") if len(e) else same
+    e = e[~some | same]  # at the decode threads where the candidate has energy rows there, else every one
+    per_phase = _by_key(e.groupby([*KEY, "phase"], sort=False)["value"].median())
+    power = _by_key(pw.groupby(KEY, sort=False)["value"].median())
+    tokens = {
+        phase: _by_key(pd.to_numeric(r[col]).groupby([r[c] for c in KEY], sort=False).max())
+        for phase, col in (("prefill", "n_prompt"), ("decode", "n_gen"))
+        for r in [rows[rows["phase"] == phase]]
+    }
+    cal_rows = rows[rows["metric"].isin(["energy_per_token", "power_mean"]) & rows["energy_calibration"].notna()]
+    cals: dict[Key, dict] = {}
+    for k, v in zip(_keys(cal_rows), cal_rows["energy_calibration"], strict=True):
+        if k not in cals and (c := _calibration(v)) is not None:
+            cals[k] = c
+    out = {}
+    for k in dict.fromkeys([*_keys(e), *_keys(pw)]):
+        notes = []
+
+        def per_token(phase: str, speed: str, k=k, notes=notes) -> float | None:
+            """J/token of a phase; a phase shorter than one sample has none: then the mean power of the cells
+            over the phase's measured speed."""
+            if (k + (phase,)) in per_phase:
+                return float(per_phase[k + (phase,)])
+            tps = best[speed].get(k, (None,))[0]
+            if k not in power or not tps:
+                return None
+            notes.append(f"{phase} from the cells' mean power over {phase} t/s (a phase shorter than one sample)")
+            return float(power[k]) / tps
+
+        pre, dec = per_token("prefill", "prefill_tps"), per_token("decode", "decode_tps")
+        n_p = spec.prompt_tokens or _num(tokens["prefill"].get(k))
+        n_g = spec.gen_tokens or _num(tokens["decode"].get(k))
+        if pre is None or dec is None or not n_p or not n_g:
+            continue
+        n_p, n_g = int(n_p), int(n_g)
+        wh = (n_p * pre + n_g * dec) / 3600
+        how = ", ".join(
+            f"{a} {b}"
+            for a, b in cals.get(k, {}).items()
+            if a in ("source", "current_unit", "current_sign", "energy_from", "calibrated_by")
+        )
+        out[k] = {
+            "wh_per_prompt": wh,
+            "prompt_shape": f"pp{n_p}+tg{n_g}",
+            "energy_source": "; ".join([how or "power source unnamed", *notes]),
+        }
+        cap = _num(first[k]["battery_wh"])
+        if cap:
+            out[k]["battery_per_1000"] = 1000 * wh / cap
+            out[k]["energy_source"] += f"; battery {cap:.1f} Wh ({first[k]['battery_source']})"
     return out
 
 
-# ---------------------------------------------------------------- measuring: a candidate's figures from its rows
+def _accuracies(rows: pd.DataFrame, keys: list[Key]) -> dict[Key, dict[str, float]]:
+    """Each candidate's accuracy per task (one `test` each; the mean over the routes that ran it)."""
+    d = rows[(rows["metric"] == "accuracy") & rows["value"].notna()]
+    out: dict[Key, dict[str, float]] = {k: {} for k in keys}
+    for (*k, t), v in _by_key(d.groupby([*KEY, "test"])["value"].mean()).items():
+        out[tuple(k)][str(t)] = float(v)
+    return out
 
-Key = tuple[str, str, str, str]  # device, model, quant, backend
+
+@dataclass
+class Figures:
+    """What every candidate's rows hold: its first row's facts, the best of each metric, the runtime overhead, the
+    energy per prompt and the task accuracies — each found for all candidates at once."""
+
+    keys: list[Key]
+    first: dict[Key, dict]
+    best: dict[str, dict[Key, tuple[float, object]]]
+    overhead: dict[Key, int]
+    energy: dict[Key, dict]
+    accs: dict[Key, dict[str, float]]
+
+    @classmethod
+    def of(cls, rows: pd.DataFrame, spec: RecommendSpec) -> Figures:
+        rows = rows[[c for c in READ if c in rows.columns]]
+        rows = rows.assign(**{c: None for c in READ if c not in rows.columns})
+        rows = rows.assign(_backend=rows["backend"].fillna(""))
+        rows = rows.dropna(subset=["device", "model", "quant"]).reset_index(drop=True)  # as a groupby drops them
+        heads = rows.drop_duplicates(KEY)
+        facts = zip(*(heads[c] for c in FIRST), strict=True)
+        first = {k: dict(zip(FIRST, v, strict=True)) for k, v in zip(_keys(heads), facts, strict=True)}
+        best = {name: _best(rows, metric, how, phase) for name, metric, how, phase in BEST}
+        keys = list(first)
+        return cls(
+            keys, first, best, _overheads(rows, first), _energies(rows, first, best, spec), _accuracies(rows, keys)
+        )
 
 
 def _mib(b) -> str:
     return f"{b / 1024**2:.0f} MiB"
 
 
-def _overhead(g: pd.DataFrame, mbytes: int, kvpt: float | None) -> int | None:
-    """Runtime overhead from the cells that ran prompts/generations (their token counts give the context): peak
-    RSS − weights − KV at that context; the largest over the cells, None where no peak RSS was measured."""
-    overheads = []
-    timed = g[g["phase"].isin(TOKEN_PHASES)]["cell_id"].unique()
-    for _, cg in g[g["cell_id"].isin(timed)].groupby("cell_id"):
-        rss = cg[(cg["metric"] == "peak_rss") & cg["value"].notna()]["value"]
-        if rss.empty:
-            continue
-        nctx = (cg["n_prompt"].fillna(0) + cg["n_gen"].fillna(0) + cg["n_depth"].fillna(0)).max()
-        overheads.append(max(0.0, float(rss.max()) - mbytes - (kvpt or 0) * float(nctx)))
-    return int(max(overheads)) if overheads else None
-
-
-def _ram_budget(first, spec: RecommendSpec) -> tuple[int | None, str | None]:
+def _ram_budget(first: dict, spec: RecommendSpec) -> tuple[int | None, str | None]:
     """The device's memory budget as its rows recorded it, and where it came from."""
-    budget, source = _num(_col(first, "ram_budget_bytes")), _col(first, "ram_budget_source")
+    budget, source = _num(first["ram_budget_bytes"]), first["ram_budget_source"]
     if budget is None:  # rows recorded before devices reported their own budget
         raw = _num(first["device_mem_bytes"])
         budget = raw * spec.ram_fraction if raw else None
@@ -235,20 +338,19 @@ def _base_accuracy(key: Key, accs: dict) -> dict:
     )
 
 
-def measure(key: Key, g: pd.DataFrame, spec: RecommendSpec, accs: dict, task: str | None = None) -> Candidate:
-    """A candidate's needs and measured figures from its rows `g` (`accs`: every group's task accuracies). With
-    `task`, its accuracy is that task's alone."""
+def measure(key: Key, f: Figures, spec: RecommendSpec, task: str | None = None) -> Candidate:
+    """A candidate's needs and measured figures. With `task`, its accuracy is that task's alone."""
     device, model, quant, backend = key
-    first = g.iloc[0]
+    first = f.first[key]
     mbytes = int(first["model_bytes"])
     kvpt = _num(first["kv_bytes_per_token"])
     # kv_bytes_per_token is for F16 (2 bytes per element); quantized KV scales by ggml's block sizes
     kv = int(kvpt * spec.context * kv_scale(spec.kv_cache_type)) if kvpt else None
-    overhead = _overhead(g, mbytes, kvpt)
+    overhead = f.overhead.get(key)
     budget, bsource = _ram_budget(first, spec)
-    dec, drow = _metric(g, "decode_tps")
-    threads = int(drow["threads"]) if drow is not None and pd.notna(drow["threads"]) else None
-    tacc = accs[key]
+    best = {name: f.best[name].get(key, (None, None)) for name in f.best}
+    dec, threads = best["decode_tps"]
+    tacc = f.accs[key]
     if task is not None:
         tacc = {task: tacc[task]} if task in tacc else {}
     return Candidate(
@@ -263,19 +365,19 @@ def measure(key: Key, g: pd.DataFrame, spec: RecommendSpec, accs: dict, task: st
         ram_need=mbytes + (kv or 0) + (overhead if overhead is not None else DEFAULT_OVERHEAD),
         ram_budget=budget,
         decode_tps=dec,
-        decode_threads=threads,
-        prefill_tps=_metric(g, "prefill_tps")[0],
-        kld_mean=_metric(g, "kld_mean")[0],
-        ppl_ratio=_metric(g, "ppl_ratio")[0],
-        energy_per_token=_metric(g[g["phase"] == "decode"], "energy_per_token", how="min")[0],
+        decode_threads=int(threads) if dec is not None and pd.notna(threads) else None,
+        prefill_tps=best["prefill_tps"][0],
+        kld_mean=best["kld_mean"][0],
+        ppl_ratio=best["ppl_ratio"][0],
+        energy_per_token=best["energy_per_token"][0],
         accuracy=sum(tacc.values()) / len(tacc) if tacc else None,
-        devhost_kld=_metric(g, "devhost_kld_mean")[0],
+        devhost_kld=best["devhost_kld"][0],
         ram_budget_source=bsource,
         backend=backend,
         task_accuracy=tacc,
-        base_accuracy=_base_accuracy(key, accs),
+        base_accuracy=_base_accuracy(key, f.accs),
         verdict="" if overhead is not None else f"runtime overhead not measured: assumed {_mib(DEFAULT_OVERHEAD)}",
-        **_energy(g, threads, spec, first),
+        **f.energy.get(key, {}),
     )
 
 
@@ -392,19 +494,14 @@ def candidates(rows: pd.DataFrame, spec: RecommendSpec, task: str | None = None)
     rows = rows[rows["model_bytes"].notna()]  # device-level rows (membw) are not candidates
     if rows.empty:
         return []
-    rows = rows.assign(_backend=rows["backend"].fillna("") if "backend" in rows.columns else "")
-    groups = rows.groupby(["device", "model", "quant", "_backend"], sort=False)
-    accs = {k: _task_accuracy(g) for k, g in groups}
+    f = Figures.of(rows, spec)
+    tasks: dict[tuple, set] = {}  # (device, model, backend) -> every task measured there
+    for (d, m, _, b), a in f.accs.items():
+        tasks.setdefault((d, m, b), set()).update(a)
     out = []
-    for key, g in groups:
-        c = measure(key, g, spec, accs, task)
-        device, model, _, backend = key
-        tasks = (
-            [task]
-            if task is not None
-            else sorted({t for (d, m, _, b), a in accs.items() if (d, m, b) == (device, model, backend) for t in a})
-        )
-        c.failures = judge(c, spec, tasks)
+    for key in f.keys:
+        c = measure(key, f, spec, task)
+        c.failures = judge(c, spec, [task] if task is not None else sorted(tasks[key[0], key[1], key[3]]))
         out.append(c)
     return out
 

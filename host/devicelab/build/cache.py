@@ -38,14 +38,18 @@ class Build:
         return self.manifest["key"]
 
     def provenance(self) -> dict:
-        m = self.manifest
-        return {
-            "build_key": m["key"],
-            "build_commit": m["commit"],
-            "build_target": m["target"],
-            "build_flags": m["flags"],
-            "build_compiler": m["compiler"],
-        }
+        return build_provenance(self.manifest)
+
+
+def build_provenance(m: dict) -> dict:
+    """What every row says of the build it was measured with, from a build's manifest (any kind of build)."""
+    return {
+        "build_key": m["key"],
+        "build_commit": m["commit"],
+        "build_target": m["target"],
+        "build_flags": m["flags"],
+        "build_compiler": m["compiler"],
+    }
 
 
 def compiler_id(t: Target) -> str:

@@ -42,15 +42,7 @@ class HarnessBuild:
 
     def provenance(self) -> dict:
         m = self.manifest
-        return {
-            "build_key": m["key"],
-            "build_commit": m["commit"],
-            "build_target": m["target"],
-            "build_flags": m["flags"],
-            "build_compiler": m["compiler"],
-            "harness_version": m["harness_sources"],
-            "harness_sha256": m["sha256"],
-        }
+        return {**cache.build_provenance(m), "harness_version": m["harness_sources"], "harness_sha256": m["sha256"]}
 
 
 def harness_dir() -> Path:

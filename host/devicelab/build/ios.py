@@ -23,7 +23,7 @@ from .. import paths, push
 from ..errors import DevicelabError
 from ..hashing import sha256_file
 from ..transports import devicectl
-from . import harness, remote
+from . import cache, harness, remote
 from .source import Source
 from .targets import DEVICE_TOOLS, Target
 
@@ -58,14 +58,7 @@ class IOSBuild:
         return self.manifest["key"]
 
     def provenance(self) -> dict:
-        m = self.manifest
-        return {
-            "build_key": m["key"],
-            "build_commit": m["commit"],
-            "build_target": m["target"],
-            "build_flags": m["flags"],
-            "build_compiler": m["compiler"],
-        }
+        return cache.build_provenance(self.manifest)
 
 
 def ident(src: Source, t: Target, team_id: str, bundle_id: str, min_os: str) -> tuple[str, dict]:

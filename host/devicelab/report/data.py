@@ -38,6 +38,19 @@ def _fmt(v, f: str = "{:.4g}") -> str:
     return "—" if n is None else f.format(n)
 
 
+# what a point's provenance, filters and figures read of its row
+PROVENANCE = (
+    *("run_id", "cell_id", "recorded_at", "device", "target", "lab_host", "backend", "build_commit", "build_key"),
+    *("model", "quant", "bpw", "model_sha256", "payload", "test", "phase", "threads", "metric", "value", "unit"),
+    *("stddev", "n", "temp_start_c", "temp_end_c", "throttled"),
+)
+
+
+def _provenanced(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows with only the columns a point reads: each row's record is built from those alone."""
+    return rows[[c for c in rows.columns if c in PROVENANCE]]
+
+
 def provenance(r: pd.Series) -> str:
     """A row's provenance as hover text (HTML lines): cell, run, device, build, model file, conditions."""
     temps = f"temps {_fmt(r.get('temp_start_c'), '{:.1f}')} → {_fmt(r.get('temp_end_c'), '{:.1f}')} °C"
@@ -80,7 +93,7 @@ def points(rows: pd.DataFrame) -> list[dict]:
     if "cpu_quota" in keep:
         keep = keep[keep["cpu_quota"].isna() & (keep["contention"].fillna(0) == 0)]
     out = []
-    for _, r in keep.iterrows():
+    for _, r in _provenanced(keep).iterrows():
         out.append(
             {
                 **_keys(r),
@@ -108,9 +121,7 @@ def missing(rows: pd.DataFrame, metric: str) -> str:
 
 def frontier(recs: list[DeviceRecommendation], rows: pd.DataFrame) -> list[dict]:
     """Every candidate per device: size, decode, quality, energy; the pick, the frontier and why each lost."""
-    runs = rows.groupby(["device", "model", "quant"])["run_id"].agg(lambda s: sorted(set(s.dropna())))
-    cells = rows.groupby(["device", "model", "quant"])["cell_id"].agg(lambda s: sorted(set(s.dropna())))
-    commits = rows.groupby(["device", "model", "quant"])["build_commit"].agg(lambda s: sorted(set(s.dropna())))
+    runs, cells, commits = (_distinct(rows, c) for c in ("run_id", "cell_id", "build_commit"))
     out = []
     for rec in recs:
         for c in rec.candidates:
@@ -154,6 +165,16 @@ def frontier(recs: list[DeviceRecommendation], rows: pd.DataFrame) -> list[dict]
     return out
 
 
+def _distinct(rows: pd.DataFrame, col: str) -> dict[tuple, list]:
+    """Per (device, model, quant): the distinct values of a column, sorted."""
+    keys = ["device", "model", "quant"]
+    d = rows[[*keys, col]].dropna().drop_duplicates()
+    out: dict[tuple, list] = {}
+    for dev, model, quant, v in zip(*(d[c] for c in (*keys, col)), strict=True):
+        out.setdefault((dev, model, quant), []).append(v)
+    return {k: sorted(v) for k, v in out.items()}
+
+
 def _cells_line(cells: list, runs: list, commits: list) -> str:
     more = f" and {len(cells) - 6} more" if len(cells) > 6 else ""
     return (
@@ -169,7 +190,7 @@ def roofline_points(rows: pd.DataFrame) -> list[dict]:
         return []
     key = ["device", "model", "quant", "metric", "test", "threads"]
     src = rows[rows["metric"].isin(SPEED) & rows["value"].notna()]
-    prov = {(*(_s(r[k]) for k in key), round(float(r["value"]), 6)): r for _, r in src.iterrows()}
+    prov = {(*(_s(r[k]) for k in key), round(float(r["value"]), 6)): r for _, r in _provenanced(src).iterrows()}
     out = []
     for r in rl.itertuples():
         if _num(r.limit_tps) is None:

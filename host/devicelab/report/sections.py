@@ -159,6 +159,17 @@ def builds(rows: pd.DataFrame) -> str:
 
 # what the explorer compares, where the rows hold two or more of it: (the side's key, the row column)
 COMPARED = (("backend", "backend"), ("commit", "build_commit"), ("device", "device"), ("run", "run_id"))
+# what a comparison reads of a row besides the properties rows pair on: its measurement, unit and host load
+MEASURED = ("payload", "metric", "unit", "value", "stddev", "n", "samples", "host_busy_cpus", "recorded_at")
+
+
+def compared_columns() -> set[str]:
+    """The columns `compare` reads: the measurement, every kind's key properties, the sides' columns."""
+    from .. import compare as cmpmod
+    from .. import kinds
+
+    keys = {c for k in (kinds.base.Kind, *kinds.REGISTRY.values()) for c in k.key_properties}
+    return {*MEASURED, *keys, *(c for _, c in COMPARED), *(c for c, _ in cmpmod.ALIASES.values())}
 
 
 def _comparison(rows: pd.DataFrame, key: str, col: str) -> str:
@@ -184,7 +195,10 @@ def _comparison(rows: pd.DataFrame, key: str, col: str) -> str:
 
 def comparisons(rows: pd.DataFrame) -> str:
     """Where the rows hold two backends, commits, devices or runs: the first two side by side, paired on the
-    properties that make two rows comparable (devicelab compare's pairs), each change judged for significance."""
+    properties that make two rows comparable (devicelab compare's pairs), each change judged for significance.
+    Each reads only the columns a comparison does (a row's provenance is not compared)."""
+    if not rows.empty and any(c in rows for _, c in COMPARED):
+        rows = rows[[c for c in rows.columns if c in compared_columns()]]
     parts = [_comparison(rows, k, c) for k, c in COMPARED if not rows.empty and c in rows]
     body = "".join(p for p in parts if p) or (
         "<p>Nothing to compare: these rows hold one backend, commit, device "
