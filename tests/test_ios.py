@@ -286,3 +286,48 @@ def test_probe_of_the_mac_lists_its_paired_iphones(mac, tmp_path):
     out = " ".join(p.stdout.split())
     assert "iPhones and iPads paired with this Mac" in out and "iPhone 15 Pro iOS 17.5.1" in out, out
     assert f"transport: ios, mac: mac, udid: {UDID}" in out, out
+
+
+SERVER_RECIPE = """
+name: iphone-tools
+devices: [iphone]
+models: [{{name: smollm2-135m}}]
+quants: [q8_0]
+payloads:
+  - {{kind: batched, prompt: 8, gen: 4, parallel: [1, 2], threads: 2}}
+  - {{kind: eval, route: server-generate, include: {tasks}, lm_tasks: [devicelab_copy], limit: 4, ctx: 256}}
+recommend: {{context: 512, min_decode_tps: 0.1}}
+"""
+
+
+@pytest.mark.e2e
+def test_batched_and_llama_server_on_the_standin_iphone(mac, tmp_path, smol_path):
+    """llama-batched-bench through the harness, and an lm-eval generation task against llama-server in the harness,
+    listening on the (stand-in) phone's CoreDevice tunnel address and reached through the Mac's SSH tunnel: rows, not
+    skips; with no tunnel, the server cell is skipped with the reason."""
+    pytest.importorskip("lm_eval")
+    from conftest import REPO
+
+    from devicelab.ledger import Ledger, ledger_path
+
+    lab = mac.lab(tmp_path / "lab.yaml")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(SERVER_RECIPE.format(tasks=REPO / "recipes" / "tasks" / "lm-eval"))
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    led = Ledger(ledger_path(tmp_path / "lab"))
+    assert [c["status"] for c in led.cells()] == ["done", "done"], led.cells()
+    rows = led.rows_frame()
+    agg = rows[rows.metric == "aggregate_tps"]
+    assert sorted(agg.n_parallel.astype(int)) == [1, 2] and (agg.value > 0).all()
+    acc = rows[(rows.metric == "accuracy") & (rows.eval_route == "server-generate")]
+    assert len(acc) == 1 and int(acc.n.iloc[0]) == 4
+    launched = [c for c in mac.calls() if c[:3] == ["device", "process", "launch"]]
+    assert any("llama-server" in c and TUNNEL in c for c in launched), launched
+
+    mac.mode("no_tunnel")
+    tasks = REPO / "recipes" / "tasks" / "lm-eval"
+    recipe.write_text(SERVER_RECIPE.format(tasks=tasks).replace("limit: 4", "limit: 3"))  # a new cell
+    p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", cwd=tmp_path)
+    skipped = [c for c in Ledger(ledger_path(tmp_path / "lab")).cells() if c["status"] == "skipped"]
+    assert len(skipped) == 1 and "tunnel" in skipped[0]["error"], (skipped, p.stdout[-1500:], p.stderr[-1500:])
