@@ -42,8 +42,11 @@ def _cells(lab) -> list[tuple[str, str, str]]:
     db = ledger_path(lab)
     if not db.exists():
         return []
-    with sqlite3.connect(db) as c:
-        return c.execute("SELECT status, started_at, finished_at FROM cells").fetchall()
+    try:
+        with sqlite3.connect(db) as c:
+            return c.execute("SELECT status, started_at, finished_at FROM cells").fetchall()
+    except sqlite3.OperationalError:  # the run has made the file but not its tables yet
+        return []
 
 
 def test_two_runs_on_one_device_take_turns(tmp_path, host_build, smol_path):
