@@ -183,6 +183,10 @@ def two_runs(tmp_path_factory, host_build, smol_path):
 
 
 def test_noise_is_not_a_regression(two_runs):
+    """Two runs of one build a minute apart: no change is claimed. Repetitions measure the noise within a run; between
+    two runs this 2-core VM's speeds move further even when nothing else runs (decode 112.6 vs 92.0 tok/s, each
+    ± 5–8 %, seen on a quiet machine; README: pair noise 8–20 %), so the smallest effect that counts is set above
+    that (--min-effect 0.25), as a user of a shared machine must; what other processes did is `host busy`."""
     p = devicelab(
         "compare",
         "--lab-dir",
@@ -191,6 +195,8 @@ def test_noise_is_not_a_regression(two_runs):
         "recipe=noise-a",
         "--b",
         "recipe=noise-b",
+        "--min-effect",
+        "0.25",
         "--format",
         "json",
         check=True,

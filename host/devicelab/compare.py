@@ -93,6 +93,7 @@ class Stat:
     sd: float | None
     n: int
     samples: list[float] = field(default_factory=list)
+    runs: int = 1  # how many runs its rows came from
 
 
 @dataclass
@@ -291,6 +292,7 @@ def compare(
         sa, sb = _stat(ra), _stat(rb)
         ratio = sb.mean / sa.mean if sa.mean and not math.isnan(sa.mean) else None
         unit = str(ra["unit"].iloc[0]) if "unit" in ra.columns else ""
+        sa.runs, sb.runs = (int(r["run_id"].nunique()) if "run_id" in r.columns else 1 for r in (ra, rb))
         pair = Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb))
         pair.host_busy = (_busy(ra), _busy(rb))
         pairs.append(pair)
@@ -370,6 +372,12 @@ def summary(cmp: Comparison) -> str:
         )
     if cmp.only_a or cmp.only_b:
         parts.append(f"{len(cmp.only_a)} only in A, {len(cmp.only_b)} only in B")
+    tested = [p for p in cmp.pairs if p.p is not None]
+    if tested and all(p.a.runs == 1 and p.b.runs == 1 for p in tested):
+        parts.append(
+            "one run a side: the test knows the noise within a run, not between runs, which on a shared machine can "
+            "be larger (raise --min-effect above it)"
+        )
     return (
         f"A = {cmp.a}, B = {cmp.b}: "
         + ", ".join(parts)
