@@ -295,3 +295,24 @@ def test_welch_p_is_scipys():
             statistics.fmean(a), statistics.variance(a), len(a), statistics.fmean(b), statistics.variance(b), len(b)
         )
         assert got == pytest.approx(ref, rel=1e-9, abs=1e-300)
+
+
+def test_two_runs_or_more_a_side_are_tested_over_their_runs():
+    """Each side measured in three runs whose means scatter ±6 % while each run's repetitions agree to 1 %: pooled,
+    the repetitions would call a 4 % shift a regression; over the runs (the noise between them in the test) it is
+    not one — and with a real 30 % shift it is."""
+    rng = np.random.default_rng(3)
+
+    def side(device, means):
+        frames = [_rows(device, rng.normal(m, 1, 5)).assign(run_id=f"run-{device}-{i}") for i, m in enumerate(means)]
+        return pd.concat(frames)
+
+    a = side("x", [100, 106, 94])
+    sides = cmpmod.Side.parse("device=x"), cmpmod.Side.parse("device=y")
+    cmp = cmpmod.compare(a, side("y", [96, 102, 90]), *sides)
+    (pair,) = cmp.pairs
+    assert pair.a.runs == pair.b.runs == 3 and pair.a.n == 3 and pair.verdict == cmpmod.SAME
+    pooled = cmpmod.compare(a.drop(columns="run_id"), side("y", [96, 102, 90]).drop(columns="run_id"), *sides)
+    assert pooled.pairs[0].verdict == cmpmod.REGRESSION  # what the repetitions alone would have said
+    assert cmpmod.compare(a, side("y", [70, 74, 66]), *sides).pairs[0].verdict == cmpmod.REGRESSION
+    assert "one run a side" not in cmpmod.summary(cmp)

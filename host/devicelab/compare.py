@@ -1,6 +1,6 @@
 """Two sides of the lab's rows side by side — two llama.cpp commits, two backends, two devices, two runs, two
 models — paired on the properties that make two rows comparable, with a significance test over the stored
-repetitions so run noise is never reported as a change.
+repetitions — or over the runs, where each side has two or more — so run noise is never reported as a change.
 
 A side is a set of `key=value` filters on what rows carry (`commit=0c1e570`, `backend=vulkan`, `device=pixel-8`,
 `run=20261204T…`, `model=base-lora`), optionally over another lab folder or an exported table (`lab=DIR`,
@@ -170,6 +170,13 @@ def _stat(rows: pd.DataFrame) -> Stat:
     return Stat(float(vals.mean()), float(vals.std(ddof=1)) if len(vals) > 1 else None, len(vals), list(vals))
 
 
+def _run_means(rows: pd.DataFrame) -> Stat:
+    """One side's figure over its runs: each run's mean is one sample, so the test knows the noise between runs."""
+    means = [_stat(g).mean for _, g in rows.groupby("run_id", sort=True)]
+    s = pd.Series(means)
+    return Stat(float(s.mean()), float(s.std(ddof=1)), len(means), means, runs=len(means))
+
+
 def _welch(a: Stat, b: Stat) -> float | None:
     """Welch's t-test p-value over the repetitions; None where a side has no spread to test against."""
     if len(a.samples) >= 2 and len(b.samples) >= 2:
@@ -289,10 +296,12 @@ def compare(
     pairs = []
     for k in sorted(set(ga) & set(gb)):
         (key, ra), (_, rb) = ga[k], gb[k]
-        sa, sb = _stat(ra), _stat(rb)
+        runs = [int(r["run_id"].nunique()) if "run_id" in r.columns else 1 for r in (ra, rb)]
+        # two runs or more a side: the runs are the samples (between-run noise in the test); else the repetitions
+        sa, sb = (_run_means(ra), _run_means(rb)) if min(runs) >= 2 else (_stat(ra), _stat(rb))
+        sa.runs, sb.runs = runs
         ratio = sb.mean / sa.mean if sa.mean and not math.isnan(sa.mean) else None
         unit = str(ra["unit"].iloc[0]) if "unit" in ra.columns else ""
-        sa.runs, sb.runs = (int(r["run_id"].nunique()) if "run_id" in r.columns else 1 for r in (ra, rb))
         pair = Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb))
         pair.host_busy = (_busy(ra), _busy(rb))
         pairs.append(pair)
