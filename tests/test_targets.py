@@ -109,3 +109,40 @@ def test_remote_build_key_changes_with_flags():
     a = remote.key_for(src, targets.macos_metal(), "Apple clang 16")
     b = remote.key_for(src, targets.native_on_device("arm64", "darwin"), "Apple clang 16")
     assert a != b and a == remote.key_for(src, targets.macos_metal(), "Apple clang 16")
+
+
+def test_an_older_tree_builds_without_libcurl(tmp_path):
+    """llama-cpp-python ≤ 0.3.16 vendor trees whose LLAMA_CURL defaults ON (their configure then needs libcurl's
+    headers: seen with bench/releases.py); the lab builds them with it OFF. A newer tree, where the option is
+    deprecated, gets the target's flags alone, so the build keys of the trees the lab built before are kept."""
+    from devicelab.build import cache
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    lines = {old: 'option(LLAMA_CURL       "llama: use libcurl" ON)', new: "llama_option_depr(WARNING LLAMA_CURL)"}
+    for d, line in lines.items():
+        d.mkdir()
+        (d / "CMakeLists.txt").write_text(f"project(llama)\n{line}\n")
+    commit = "0c1e57098bba" + "0" * 28
+    t = targets.macos_metal()
+    old_src, new_src = Source(old, commit, "t"), Source(new, commit, "t")
+    assert cache.build_flags(old_src, t) == {**t.cmake_flags(), "LLAMA_CURL": "OFF"}
+    assert cache.build_flags(new_src, t) == t.cmake_flags()
+    assert remote.key_for(old_src, t, "cc") != remote.key_for(new_src, t, "cc")
+    plan = remote.plan("/s", "/b", t, 4, cache.build_flags(old_src, t))
+    assert "-DLLAMA_CURL=OFF" in plan[1] and "-DLLAMA_CURL=OFF" not in remote.plan("/s", "/b", t, 4)[1]
+
+
+def test_an_older_tree_builds_the_tools_it_defines(tmp_path):
+    """A tree from before llama-completion (llama-cpp-python ≤ 0.3.16: `No rule to make target
+    'llama-completion'`, seen with bench/releases.py) builds the lab's other tools; a tree whose targets cannot be
+    read keeps the list."""
+    from devicelab.build import cache
+
+    old = tmp_path / "old"
+    for tool in ("llama-bench", "llama-cli", "llama-quantize"):
+        d = old / "tools" / tool.removeprefix("llama-")
+        d.mkdir(parents=True)
+        (d / "CMakeLists.txt").write_text(f"set(TARGET {tool})\nadd_executable(${{TARGET}} main.cpp)\n")
+    src = Source(old, "1" * 40, "t")
+    assert cache.buildable(src, targets.TOOLS) == ("llama-bench", "llama-quantize")
+    assert cache.buildable(Source(tmp_path / "nothing", "2" * 40, "t"), targets.TOOLS) == targets.TOOLS

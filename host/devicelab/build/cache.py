@@ -3,6 +3,7 @@ no-op that does not even start cmake; every build leaves a manifest recording ho
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -71,13 +72,51 @@ def cpu_features() -> list[str]:
     return []
 
 
+def tree_flags(src: Source) -> dict[str, str]:
+    """What a llama.cpp tree needs beyond its target's flags: trees before late 2025 default LLAMA_CURL to ON and
+    then need libcurl's headers, for downloading models by URL, which the lab never asks llama.cpp to do (newer
+    trees deprecate the option, and get nothing here: their build keys are unchanged)."""
+    return dict(_tree_flags(str(src.path), src.commit))
+
+
+@functools.lru_cache(maxsize=64)
+def _tree_flags(tree: str, commit: str) -> tuple[tuple[str, str], ...]:
+    try:
+        text = (Path(tree) / "CMakeLists.txt").read_text(errors="replace")
+    except OSError:
+        return ()
+    return (("LLAMA_CURL", "OFF"),) if re.search(r"^\s*option\(\s*LLAMA_CURL\b", text, re.M) else ()
+
+
+def build_flags(src: Source, t: Target) -> dict[str, str]:
+    """The CMake definitions of a build of this tree for this target."""
+    return {**t.cmake_flags(), **tree_flags(src)}
+
+
+@functools.lru_cache(maxsize=64)
+def _defined_targets(tree: str, commit: str) -> frozenset[str]:
+    found: set[str] = set()
+    for sub in ("tools", "examples"):
+        for cm in (Path(tree) / sub).rglob("CMakeLists.txt"):
+            found.update(re.findall(r"set\(\s*TARGET\s+([A-Za-z0-9_.-]+)\s*\)", cm.read_text(errors="replace")))
+    return frozenset(found)
+
+
+def buildable(src: Source, tools) -> tuple[str, ...]:
+    """The tools of `tools` this tree defines: an older tree lacks newer ones (llama-completion came after
+    llama-cpp-python 0.3.16's tree), and a build of it makes the rest; a cell whose kind needs a missing one
+    fails naming it. A tree whose targets cannot be read keeps the list."""
+    defined = _defined_targets(str(src.path), src.commit)
+    return tuple(x for x in tools if x in defined) if defined else tuple(tools)
+
+
 def build_key(src: Source, t: Target, tools=None) -> tuple[str, dict]:
     tools = tools or t.tools
     ident = {
         "commit": src.commit,
         "dirty": src.dirty,
         "target": t.name,
-        "flags": t.cmake_flags(),
+        "flags": build_flags(src, t),
         "compiler": compiler_id(t),
         "tools": sorted(tools),
     }
@@ -97,7 +136,7 @@ def find(src: Source, t: Target, tools=None) -> Build | None:
     key, _ = build_key(src, t, tools)
     d = build_dir_for(t, src, key)
     man = d / MANIFEST
-    if man.exists() and all((d / "bin" / x).exists() for x in tools):
+    if man.exists() and all((d / "bin" / x).exists() for x in buildable(src, tools)):
         return Build(d, json.loads(man.read_text()))
     return None
 
@@ -124,30 +163,16 @@ def ensure(
 def _build(src: Source, t: Target, tools, jobs, progress) -> Build:
     check_toolchain(t)
     key, ident = build_key(src, t, tools)
+    tools = buildable(src, tools)
     d = build_dir_for(t, src, key)
-    free = shutil.disk_usage(paths.home()).free
-    if free < MIN_FREE_BYTES:
-        raise DevicelabError(
-            f"not enough disk for a llama.cpp build: {free / 1e9:.1f} GB free in {paths.home()}, "
-            f"need {MIN_FREE_BYTES / 1e9:.0f} GB; free space or set DEVICELAB_HOME elsewhere"
-        )
+    check_disk("a llama.cpp build")
     d.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    flags = t.cmake_flags()
-    launcher = {}
-    if shutil.which("ccache"):
-        launcher = {"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"}
-        env.setdefault("CCACHE_BASEDIR", str(paths.home()))  # stable relative paths → hits across build dirs
-        env.setdefault("CCACHE_DIR", str(paths.home() / "ccache"))
-        env.setdefault("CCACHE_NOHASHDIR", "1")
-    configure = ["cmake", "-S", str(src.path), "-B", str(d)] + [f"-D{k}={v}" for k, v in {**flags, **launcher}.items()]
-    jobs = jobs or os.cpu_count() or 2
-    compile_ = ["cmake", "--build", str(d), "-j", str(jobs), "--target", *tools]
+    env, launcher = compile_env()
+    configure = ["cmake", "-S", str(src.path), "-B", str(d)]
+    configure += [f"-D{k}={v}" for k, v in {**build_flags(src, t), **launcher}.items()]
+    compile_ = ["cmake", "--build", str(d), "-j", str(jobs or os.cpu_count() or 2), "--target", *tools]
     log = d / "build.log"
-    log.write_text("")
-    t0 = time.time()
-    for step, argv in (("configure", configure), ("build", compile_)):
-        _stream(argv, log, env, step, progress)
+    seconds = run_cmake(configure, compile_, log, env, progress)
     missing = [x for x in tools if not (d / "bin" / x).exists()]
     if missing:
         raise DevicelabError(
@@ -155,6 +180,48 @@ def _build(src: Source, t: Target, tools, jobs, progress) -> Build:
             detail=tail(log.read_text(errors="replace")),
         )
     manifest = {
+        **manifest_base(key, ident, src, configure, compile_, launcher, seconds),
+        "cpu_features": cpu_features() if t.where == "host" and not t.runner else [],
+        "runner": list(t.runner),
+        "tools": {x: hashlib.sha256((d / "bin" / x).read_bytes()).hexdigest() for x in tools},
+    }
+    (d / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return Build(d, manifest)
+
+
+def check_disk(what: str) -> None:
+    free = shutil.disk_usage(paths.home()).free
+    if free < MIN_FREE_BYTES:
+        raise DevicelabError(
+            f"not enough disk for {what}: {free / 1e9:.1f} GB free in {paths.home()}, "
+            f"need {MIN_FREE_BYTES / 1e9:.0f} GB; free space or set DEVICELAB_HOME elsewhere"
+        )
+
+
+def compile_env() -> tuple[dict, dict]:
+    """(the environment, the CMake launcher definitions) of a build: through ccache where it is installed."""
+    env = dict(os.environ)
+    launcher = {}
+    if shutil.which("ccache"):
+        launcher = {"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"}
+        env.setdefault("CCACHE_BASEDIR", str(paths.home()))  # stable relative paths → hits across build dirs
+        env.setdefault("CCACHE_DIR", str(paths.home() / "ccache"))
+        env.setdefault("CCACHE_NOHASHDIR", "1")
+    return env, launcher
+
+
+def run_cmake(configure: list[str], compile_: list[str], log: Path, env: dict, progress, what: str = "") -> float:
+    """Configure and build into `log` (its progress to `progress`); the seconds it took."""
+    log.write_text("")
+    t0 = time.time()
+    for step, argv in (("configure", configure), ("build", compile_)):
+        _stream(argv, log, env, f"{what} {step}".strip(), progress)
+    return round(time.time() - t0, 1)
+
+
+def manifest_base(key: str, ident: dict, src: Source, configure, compile_, launcher: dict, seconds: float) -> dict:
+    """What every build's manifest records of how it was made (any kind of build)."""
+    return {
         "key": key,
         **ident,
         "source_path": str(src.path),
@@ -163,14 +230,9 @@ def _build(src: Source, t: Target, tools, jobs, progress) -> Build:
         "cmake_build": compile_,
         "ccache": bool(launcher),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "build_seconds": round(time.time() - t0, 1),
+        "build_seconds": seconds,
         "host": platform.node(),
-        "cpu_features": cpu_features() if t.where == "host" and not t.runner else [],
-        "runner": list(t.runner),
-        "tools": {x: hashlib.sha256((d / "bin" / x).read_bytes()).hexdigest() for x in tools},
     }
-    (d / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    return Build(d, manifest)
 
 
 _PCT = re.compile(r"^\[\s*(\d+)%\]")

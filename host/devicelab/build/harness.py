@@ -8,11 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import re
-import shutil
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -81,7 +78,7 @@ def build_key(src: Source, t: Target) -> tuple[str, dict]:
         "commit": src.commit,
         "dirty": src.dirty,
         "target": t.name,
-        "flags": t.cmake_flags(),
+        "flags": cache.build_flags(src, t),
         "compiler": cache.compiler_id(t),
         "harness_sources": sources_hash(),
     }
@@ -132,50 +129,27 @@ def ensure_linux(
 
 def _build_linux(src: Source, t: Target, key: str, ident: dict, d: Path, jobs, progress) -> HarnessBuild:
     check_toolchain(t)
-    free = shutil.disk_usage(paths.home()).free
-    if free < cache.MIN_FREE_BYTES:
-        raise DevicelabError(
-            f"not enough disk for the harness build: {free / 1e9:.1f} GB free in {paths.home()}, "
-            f"need {cache.MIN_FREE_BYTES / 1e9:.0f} GB; free space or set DEVICELAB_HOME elsewhere"
-        )
+    cache.check_disk("the harness build")
     d.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ)
-    launcher = {}
-    if shutil.which("ccache"):
-        launcher = {"CMAKE_C_COMPILER_LAUNCHER": "ccache", "CMAKE_CXX_COMPILER_LAUNCHER": "ccache"}
-        env.setdefault("CCACHE_BASEDIR", str(paths.home()))
-        env.setdefault("CCACHE_DIR", str(paths.home() / "ccache"))
-        env.setdefault("CCACHE_NOHASHDIR", "1")
+    env, launcher = cache.compile_env()
     defs = {
         "DEVICELAB_LLAMA_SRC": str(src.path),
         "DEVICELAB_LLAMA_BINARY_DIR": str(llama_binary_dir(d)),
-        **t.cmake_flags(),
+        **cache.build_flags(src, t),
         **launcher,
     }
     configure = ["cmake", "-S", str(harness_dir()), "-B", str(d)] + [f"-D{k}={v}" for k, v in defs.items()]
     compile_ = ["cmake", "--build", str(d), "-j", str(jobs or os.cpu_count() or 2), "--target", BINARY]
     log = d / "build.log"
-    log.write_text("")
-    t0 = time.time()
-    for step, argv in (("configure", configure), ("build", compile_)):
-        cache._stream(argv, log, env, f"harness {step}", progress)
+    seconds = cache.run_cmake(configure, compile_, log, env, progress, "harness")
     exe = d / BINARY
     if not exe.exists():
         raise DevicelabError(f"the harness build finished but {exe} is missing; see {log}")
     tools = subprocess.run([str(exe), "tools"], capture_output=True, text=True, timeout=60).stdout.split()
     digest = hashlib.sha256(exe.read_bytes()).hexdigest()
     manifest = {
-        "key": key,
-        **ident,
-        "source_path": str(src.path),
-        "source_origin": src.origin,
+        **cache.manifest_base(key, ident, src, configure, compile_, launcher, seconds),
         "harness_dir": str(harness_dir()),
-        "cmake_configure": configure,
-        "cmake_build": compile_,
-        "ccache": bool(launcher),
-        "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "build_seconds": round(time.time() - t0, 1),
-        "host": platform.node(),
         "tools": tools,
         "sha256": digest,
     }

@@ -18,6 +18,7 @@ from .. import paths, push
 from ..errors import DevicelabError
 from ..hashing import sha256_file
 from ..transports.base import Transport
+from .cache import build_flags
 from .source import BUILD_EXCLUDE as EXCLUDE
 from .source import Source
 from .targets import Target
@@ -41,7 +42,7 @@ def key_for(src: Source, t: Target, compiler: str) -> str:
         "commit": src.commit,
         "dirty": src.dirty,
         "target": t.name,
-        "flags": t.cmake_flags(),
+        "flags": build_flags(src, t),
         "compiler": compiler,
         "tools": sorted(t.tools),
     }
@@ -63,12 +64,14 @@ def source_tarball(src: Source) -> Path:
     return out
 
 
-def plan(remote_src: str, remote_build: str, t: Target, jobs: int) -> list[list[str]]:
-    """The commands a native device build runs, in order (the tarball is already in remote_src)."""
+def plan(remote_src: str, remote_build: str, t: Target, jobs: int, flags: dict | None = None) -> list[list[str]]:
+    """The commands a native device build runs, in order (the tarball is already in remote_src); `flags`: the
+    build's definitions (cache.build_flags), the target's own by default."""
     tree = posixpath.join(remote_src, "llama.cpp")
+    flags = t.cmake_flags() if flags is None else flags
     return [
         ["tar", "-xzf", posixpath.join(remote_src, "src.tar.gz"), "-C", remote_src],
-        ["cmake", "-S", tree, "-B", remote_build, *[f"-D{k}={v}" for k, v in t.cmake_flags().items()]],
+        ["cmake", "-S", tree, "-B", remote_build, *[f"-D{k}={v}" for k, v in flags.items()]],
         ["cmake", "--build", remote_build, "-j", str(jobs), "--target", *t.tools],
     ]
 
@@ -95,7 +98,8 @@ def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -
         r = t.sh("getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu")
         jobs = int(r.stdout.strip() or 2)
     build_dir = posixpath.join(root, "cmake")
-    for argv in plan(remote_src, build_dir, target, jobs):
+    flags = build_flags(src, target)
+    for argv in plan(remote_src, build_dir, target, jobs, flags):
         r = t.run(argv, timeout=3 * 3600)
         if r.rc != 0:
             tail = "\n".join((r.stdout + r.stderr).strip().splitlines()[-30:])
@@ -116,11 +120,11 @@ def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -
         "commit": src.commit,
         "dirty": src.dirty,
         "target": target.name,
-        "flags": target.cmake_flags(),
+        "flags": flags,
         "compiler": cc,
         "tools": tools,
         "where": "device",
-        "cmake_plan": plan(remote_src, build_dir, target, jobs),
+        "cmake_plan": plan(remote_src, build_dir, target, jobs, flags),
     }
     tmp = Path(paths.sub("tmp")) / f"manifest-{key}.json"
     tmp.write_text(json.dumps(manifest, indent=1))
