@@ -6,12 +6,14 @@ network showing nothing of the cluster's gRPC in clear. A recipe across both hos
 mid-cell; a second run waiting for a held device; the host back and the recipe finished; the head killed mid-run
 and restarted without losing a cell."""
 
+import json
 import os
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -165,6 +167,9 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     db = ledger_path(lab_dir)
     ra = recipe(tmp_path / "a.yaml", "across", ["board1", "board2", "here"], ["q8_0", "q4_0", "q4_1"])
     a = start_run(net, ra, lab, lab_dir, tmp_path / "a.log")
+    stop_sampling, here_holders = threading.Event(), set()
+    sampler = threading.Thread(target=sample_holders, args=("here", stop_sampling, here_holders), daemon=True)
+    sampler.start()
     wait_for(lambda: running(db, "board2") or a.poll() is not None, 600, "board2's first cell")
     b = start_run(net, recipe(tmp_path / "b.yaml", "second", ["board2"], ["q8_0"]), lab, lab_dir, tmp_path / "b.log")
     wait_for(lambda: running(db, "board1") or a.poll() is not None, 600, "board1's first cell")
@@ -182,7 +187,12 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
 
     rows = pd_rows(db)
     assert set(rows[rows.device == "board2"].lab_host) == {"w2"}
-    assert set(rows[rows.device == "here"].lab_host) == {"head"}  # its lane ran in the head's process
+    assert set(rows[rows.device == "here"].lab_host) == {"head"}
+    # the head's own device was driven by the process that Ray gave its resource to (a lane actor, as on any other
+    # host), not by the head's actor beside a separate holder of the resource
+    stop_sampling.set()
+    sampler.join()
+    assert here_holders and all(t.startswith("ray::LaneActor") for t in here_holders), here_holders
     # the model and the build reached w2 once, by content hash, into its own cache
     assert list((tmp_path / "cache-w2" / "blobs").rglob("*.gguf.verified"))
 
@@ -250,6 +260,22 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     assert not left.strip(), left
     c2 = start_run(net, rc, lab, lab_dir, tmp_path / "c2.log")
     assert c2.wait(600) == 0, (tmp_path / "c2.log").read_text()[-4000:]
+
+
+def sample_holders(device: str, stop: threading.Event, seen: set) -> None:
+    """The process titles of whoever holds the device's lock file (devices/NAME/run.lock names its pid), sampled
+    until `stop`."""
+    from devicelab import paths
+
+    lock = paths.sub("devices") / device / "run.lock"
+    while not stop.is_set():
+        try:
+            pid = (json.loads(lock.read_text() or "{}") or {}).get("pid")
+            if pid:
+                seen.add(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode())
+        except (OSError, ValueError):
+            pass
+        stop.wait(0.05)
 
 
 def pd_rows(db):

@@ -1,13 +1,15 @@
-"""The head's services and the lane that calls them from another node.
+"""The head's services and the lane that calls them.
 
 `Head` is one actor on the head node (where `devicelab run --cluster` runs). It holds the one ledger and the
-one HostWork — builds, quants, base logits and host evals made once — and runs the lanes of the devices
-plugged into the head itself, as threads beside that work, exactly as a single-host run does (so a device
-measuring on the head's CPUs still measures alone). A device on another lab host gets a `LaneActor` there,
-holding its resource: the same Lane, with a ledger, host work and events that reach the head through
-Ray. The lane writes its cells' artifacts into a local staging folder; they go to the head, into the
-ledger's artifacts, before the cell's rows are recorded — so results, `reparse` and resume work as on one
-host. Files the head hands out come back by content hash into the node's cache (blobs.py)."""
+one HostWork — builds, quants, base logits and host evals made once — and the head's CPUs as a resource.
+Every device's lane is a `LaneActor` on the node it is plugged into, holding its `device:NAME` resource: the
+process that holds the device in Ray is the one that drives it (and holds its lock file), so when it dies the
+device is free and nothing of it drives on. Its ledger, host work and events reach the head through Ray. A
+lane on the head node measures on the head's CPUs: it takes them from the Head (`SharedCPUs`), so it still
+measures alone beside the builds, and uses the head's files where they are. The lane writes its cells'
+artifacts into a local staging folder; they go to the head, into the ledger's artifacts, before the cell's rows
+are recorded — so results, `reparse` and resume work as on one host. Files the head hands out come by content
+hash into another node's cache (blobs.py)."""
 
 from __future__ import annotations
 
@@ -16,9 +18,12 @@ import functools
 import hashlib
 import inspect
 import json
+import os
 import shutil
 import tempfile
 import threading
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import ray
@@ -30,7 +35,7 @@ from ..kinds import get_op
 from ..kinds.base import FILE, TREE
 from ..lab import device_from, this_host
 from ..ledger import Ledger
-from ..runner.host import HostCPUs, HostWork
+from ..runner.host import HostCPUs, HostWork, measured
 from ..runner.lane import LEDGER_CALLS, Events, Lane, LaneLedger, protocol_calls
 from . import KV_NAMESPACE, blobs, lease_key
 
@@ -76,8 +81,7 @@ class Head:
         self._files: dict[str, tuple] = {}  # paths handed out -> (sha256, size, mtime): the only files read()
         # serves, each hashed once while unchanged
         self._guard = threading.Lock()
-        self.stop = threading.Event()
-        self.lanes: dict[str, Lane] = {}
+        self._holds: dict[str, tuple[str, threading.Event]] = {}  # token -> (lane, its release)
 
     def _give(self, path, sha: str | None = None) -> tuple[str, str, int]:
         """(path, sha256, size) of a file a node may fetch; a file asked for by every cell is hashed once."""
@@ -110,6 +114,7 @@ class Head:
 
         src = self.host.src
         return {
+            "node": ray.get_runtime_context().get_node_id(),  # a lane on this node shares its CPUs and files
             "jobs": self.host.jobs,
             "commit": src.commit,
             "tree": tree_digest(src.path),
@@ -157,18 +162,71 @@ class Head:
             f.seek(offset)
             return f.read(n)
 
-    # ---- the head's own devices: lanes as threads here ----
-    def run_lane(self, device: dict, cells: list) -> dict:
-        lane = Lane(device_from(device), cells, self.run_id, self.ledger, self.host, self.ev, self.telemetry, self.stop)
-        self.lanes[lane.device.name] = lane
-        lane.run()
-        return {"ran": lane.ran, "failed": lane.failed}
+    # ---- the head's CPUs, for the lanes on the head node (SharedCPUs) ----
+    def cpu_enter(self, how: str, label: str, owner: str) -> str:
+        """Take the head's CPUs as `how` ("measure", "work", "activity") says; returns once granted. Held by a
+        thread here until cpu_leave, or cpu_drop of its owner (a lane that ended or died)."""
+        if how not in ("measure", "work", "activity"):
+            raise DevicelabError(f"the head's CPUs have no use {how}")
+        entered, leave = threading.Event(), threading.Event()
+        token = uuid.uuid4().hex
+        with self._guard:  # before it is granted: a lane that dies while it waits is dropped all the same
+            self._holds[token] = (owner, leave)
 
-    def interrupt(self) -> None:
-        self.stop.set()
-        for lane in self.lanes.values():
-            if lane.session is not None:
-                lane.session.interrupt()
+        def hold():
+            with getattr(self.host.cpu, how)(label):
+                entered.set()
+                leave.wait()
+
+        threading.Thread(target=hold, name=f"cpu {label}", daemon=True).start()
+        entered.wait()
+        return token
+
+    def cpu_leave(self, token: str) -> None:
+        with self._guard:
+            got = self._holds.pop(token, None)
+        if got:
+            got[1].set()
+
+    def cpu_drop(self, owner: str) -> None:
+        """Everything a lane still holds of the head's CPUs (it ended, or its process died)."""
+        with self._guard:
+            mine = [t for t, (o, _) in self._holds.items() if o == owner]
+        for t in mine:
+            self.cpu_leave(t)
+
+    def cpu_during(self, start: float, end: float, exclude: str = "") -> list[str]:
+        return self.host.cpu.during(start, end, exclude=exclude)
+
+
+class SharedCPUs:
+    """The head's CPUs (runner/host.py's HostCPUs) for a lane on the head node, taken through the Head; the
+    measurement of the host beside the payload is this process's own (the payload is its child)."""
+
+    def __init__(self, head, owner: str):
+        self.head, self.owner = head, owner
+
+    @contextmanager
+    def _held(self, how: str, label: str):
+        token = ray.get(self.head.cpu_enter.remote(how, label, self.owner))
+        try:
+            yield
+        finally:
+            ray.get(self.head.cpu_leave.remote(token))
+
+    @contextmanager
+    def measure(self, who: str):
+        with self._held("measure", who), measured() as m:
+            yield m
+
+    def work(self, label: str):
+        return self._held("work", label)
+
+    def activity(self, label: str):
+        return self._held("activity", label)
+
+    def during(self, start: float, end: float, exclude: str = "") -> list[str]:
+        return ray.get(self.head.cpu_during.remote(start, end, exclude))
 
 
 class RemoteLedger(relay(LaneLedger)):
@@ -219,13 +277,15 @@ class RemoteBuild(Build):
 
 
 class RemoteHostWork:
-    """HostWork's face on another node: each piece is made once on the head; files come by content hash.
-    The node's own CPUs are its own (`cpu`); the llama.cpp source for builds on a device is this host's own,
+    """HostWork's face in a lane's process: each piece is made once on the head; files come by content hash
+    into another node's cache, and are the head's own on the head node. Another node's CPUs are its own
+    (`cpu`), the head node's are the Head's; the llama.cpp source for builds on a device is this host's own,
     and must be the head's commit."""
 
-    def __init__(self, head, info: dict):
+    def __init__(self, head, info: dict, owner: str):
         self.head, self.jobs, self.info = head, info["jobs"], info
-        self.cpu = HostCPUs()
+        self.here = info.get("node") == ray.get_runtime_context().get_node_id()  # on the head node
+        self.cpu = SharedCPUs(head, owner) if self.here else HostCPUs()
         self._src = None
         self._lock = threading.Lock()
 
@@ -234,6 +294,8 @@ class RemoteHostWork:
 
     def _fetch(self, desc, mode: int | None = None) -> Path:
         path, sha, size = desc
+        if self.here and Path(path).is_file() and Path(path).stat().st_size == size:
+            return Path(path)  # the head's file, on this node: the one it just handed out
         return blobs.fetch(
             sha, Path(path).name, size, lambda off, n: ray.get(self.head.read.remote(path, off, n)), mode
         )
@@ -301,8 +363,8 @@ def _put_lease(device: str, lease: dict | None) -> None:
 
 @ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4)
 class LaneActor:
-    """One device's lane on the lab host that holds the device (its `device:NAME` resource, for the lane's
-    life)."""
+    """One device's lane, on the lab host the device is plugged into (the head's included), holding its
+    `device:NAME` resource for the lane's life: the process Ray hands the device to is the one that drives it."""
 
     def __init__(self, head, queue):
         self.head, self.queue = head, queue
@@ -313,7 +375,12 @@ class LaneActor:
         """Where the lane runs, and the devicelab it runs (checked against the run's before the lane starts)."""
         from .node import code_digest
 
-        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id(), "code": code_digest()}
+        return {
+            "host": this_host(),
+            "node": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "code": code_digest(),
+        }
 
     def run(self, device: dict, cells: list, run_id: str, telemetry, info: dict, lease: dict) -> dict:
         d = device_from(device)
@@ -325,7 +392,7 @@ class LaneActor:
                 cells,
                 run_id,
                 RemoteLedger(self.head, staging),
-                RemoteHostWork(self.head, info),
+                RemoteHostWork(self.head, info, d.name),
                 RelayEvents(self.queue),
                 telemetry,
                 self.stop,
@@ -340,21 +407,3 @@ class LaneActor:
         self.stop.set()
         if self.lane is not None and self.lane.session is not None:
             self.lane.session.interrupt()
-
-
-@ray.remote(num_cpus=0, max_restarts=0)
-class Lease:
-    """Holds a head device's resource while its lane runs in the Head actor."""
-
-    def __init__(self, device: str, lease: dict):
-        self.device = device
-        _put_lease(device, lease)
-
-    def ready(self) -> dict:
-        """Where the lane runs, and the devicelab it runs (checked against the run's before the lane starts)."""
-        from .node import code_digest
-
-        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id(), "code": code_digest()}
-
-    def release(self) -> None:
-        _put_lease(self.device, None)

@@ -24,7 +24,7 @@ WAIT_NOTE_S = float(os.environ.get("DEVICELAB_CLUSTER_WAIT_NOTE_S", "5"))  # not
 class _LaneState:
     def __init__(self, device, cells, where):
         self.device, self.cells, self.where = device, cells, where  # where: (node id, lab host) or None
-        self.holder = None  # LaneActor or Lease
+        self.holder = None  # its LaneActor (which holds the device's resource and drives it)
         self.ready = None  # its ready() ref, until it answered
         self.run = None  # its run ref
         self.asked = time.time()
@@ -125,9 +125,9 @@ class ClusterPlacement:
             ray.shutdown()
 
     def _place(self, st: _LaneState, run_id: str, info: dict, lease: dict) -> None:
-        """Ask for the device's resource: a lane actor on its lab host, or a lease for a head device (whose lane
-        runs in the Head actor once the lease is granted)."""
-        from .head import LaneActor, Lease
+        """Ask for the device's resource: a lane actor on its lab host (the head's own included), which drives the
+        device once Ray grants it the resource."""
+        from .head import LaneActor
 
         name, su = st.device.name, self.su
         if st.where is None:
@@ -139,12 +139,8 @@ class ClusterPlacement:
                 + " (the lab file's lab_host says where it is plugged in)",
             )
             return
-        opts = {"resources": {resource(name): 1}}
-        if st.where[0] == self.me:
-            st.holder = Lease.options(**opts).remote(name, lease)
-        else:
-            st.holder = LaneActor.options(**opts).remote(self.head, self.queue)
-            st.run = st.holder.run.remote(st.device.model_dump(), st.cells, run_id, su.telemetry, info, lease)
+        st.holder = LaneActor.options(resources={resource(name): 1}).remote(self.head, self.queue)
+        st.run = st.holder.run.remote(st.device.model_dump(), st.cells, run_id, su.telemetry, info, lease)
         st.ready = st.holder.ready.remote()
         su.events.lane(name, f"placing on lab host {st.where[1]}")
 
@@ -177,9 +173,8 @@ class ClusterPlacement:
 
     def _interrupt(self, states: list[_LaneState]) -> None:
         """Ctrl-C: every lane stops its payload and puts its device back (up to 120 s)."""
-        self.head.interrupt.remote()
         for st in states:
-            if st.run is not None and st.where and st.where[0] != self.me:
+            if st.run is not None and st.holder is not None:
                 st.holder.interrupt.remote()
         deadline = time.time() + 120
         for st in states:
@@ -221,8 +216,6 @@ class ClusterPlacement:
                 self._release(st)
                 return
             ev.lane(name, f"on lab host {host}")
-            if st.run is None:  # a head device: its lane runs in the Head actor
-                st.run = self.head.run_lane.remote(st.device.model_dump(), st.cells)
         elif not st.noted and time.time() - st.asked > WAIT_NOTE_S:
             holder = self._lease_holder(name)
             if holder is None:  # still starting its lane there: look again later
@@ -249,13 +242,10 @@ class ClusterPlacement:
         self._release(st)
 
     def _release(self, st: _LaneState) -> None:
-        """The device is free for another run as soon as its lane ends."""
+        """The device is free for another run as soon as its lane ends (its process ends with it)."""
         if st.holder is None:
             return
-        if st.where and st.where[0] == self.me:
-            try:
-                self.ray.get(st.holder.release.remote(), timeout=10)
-            except Exception:  # noqa: BLE001
-                pass
         self.ray.kill(st.holder)
         st.holder = None
+        if st.where and st.where[0] == self.me:
+            self.head.cpu_drop.remote(st.device.name)  # what it held of the head's CPUs, also when killed mid-measure

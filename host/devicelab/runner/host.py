@@ -48,6 +48,18 @@ class Measurement:
     others_cpus: float | None = None
 
 
+@contextmanager
+def measured():
+    """A Measurement of the host beside this process (and its children) while the block runs."""
+    m, t0, c0 = Measurement(), time.monotonic(), cpu_seconds()
+    try:
+        yield m
+    finally:
+        c1, wall = cpu_seconds(), time.monotonic() - t0
+        if c0 is not None and c1 is not None and wall > 0:
+            m.others_cpus = round(max(0.0, (c1[0] - c0[0]) - (c1[1] - c0[1])) / wall, 3)
+
+
 class HostCPUs:
     """Readers/writer lock over this machine's CPUs. `measure(who)`: a device that measures on these CPUs
     runs its payload alone. `work(label)`: a host-side step (build, quantize, base logits, host eval) —
@@ -75,13 +87,10 @@ class HostCPUs:
             self._waiting_measures -= 1
             self._measuring = who
             entry = self._enter(who)
-        m, t0, c0 = Measurement(), time.monotonic(), cpu_seconds()
         try:
-            yield m
+            with measured() as m:
+                yield m
         finally:
-            c1, wall = cpu_seconds(), time.monotonic() - t0
-            if c0 is not None and c1 is not None and wall > 0:
-                m.others_cpus = round(max(0.0, (c1[0] - c0[0]) - (c1[1] - c0[1])) / wall, 3)
             with self._cv:
                 entry[2] = time.time()
                 self._measuring = None
