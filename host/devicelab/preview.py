@@ -19,9 +19,9 @@ from pathlib import Path
 
 from . import lab as labmod
 from . import paths, recipes
+from .candidate import FLOAT_QUANTS
 from .ledger import LEDGER_FILE
 from .plan import Cell, expand
-from .recommend import FLOAT_QUANTS
 
 UNKNOWN = "?"
 
