@@ -1,12 +1,15 @@
 """Decode and prefill t/s of SmolLM2 q4_k_m and q8_0 on this machine across llama.cpp releases (the trees vendored
-in llama-cpp-python's sdists on PyPI), each built here, measured by one recipe that sweeps them (`sources:`), and
-every release compared with the one before it through `devicelab compare` (Welch's t over the repetitions, Holm).
+in llama-cpp-python's sdists on PyPI), each built here, measured by one recipe that sweeps them (`sources:`), run
+`--runs` times (default 2: a second recipe name, so a second set of cells), and every release compared with the
+one before it through `devicelab compare` — over the runs' means where each side has two runs or more (the noise
+between runs in the test: on a shared 2-core VM it is larger than the noise within one), Holm-adjusted.
 
-    python bench/releases.py [--releases 0.3.12,0.3.16,…] [--lab-dir DIR] [--threads 2] [--reps 5]
+    python bench/releases.py [--releases 0.3.12,0.3.16,…] [--lab-dir DIR] [--threads 2] [--reps 5] [--runs 2]
 
 Prints a table (t/s per release, and the change from the previous release where it is significant); the last
-line is `releases: N compared, M significant changes`. Each release is a cold build the first time (≈ 7 min on 2
-cores; ccache helps little across releases: their files differ and so do their paths)."""
+line is `releases: N compared, M significant changes`. Each release is a cold build the first time (≈ 5 min on 2
+cores; ccache helps little across releases: their files differ and so do their paths). Trees that default
+LLAMA_CURL to ON (≤ 0.3.16) are built with it OFF (build/cache.py's tree_flags)."""
 
 from __future__ import annotations
 
@@ -19,11 +22,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "host"))
 
+import pandas as pd  # noqa: E402
+
 from devicelab import compare as cmpmod  # noqa: E402
 from devicelab.ledger import Ledger, ledger_path  # noqa: E402
 
 RELEASES = "0.3.12,0.3.16,0.3.20,0.3.24,0.3.30,0.3.36"
-RECIPE = """name: releases
+RECIPE = """name: {name}
 devices: [local]
 sources: [{sources}]
 models:
@@ -41,22 +46,26 @@ def main() -> None:
     ap.add_argument("--lab-dir", default=None)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=2)
     a = ap.parse_args()
     releases = [r.strip() for r in a.releases.split(",") if r.strip()]
     lab = Path(a.lab_dir or tempfile.mkdtemp(prefix="releases-"))
     specs = [f"pypi:llama-cpp-python=={r}" for r in releases]
-    recipe = lab / "releases.yaml"
     lab.mkdir(parents=True, exist_ok=True)
-    recipe.write_text(RECIPE.format(sources=", ".join(f'"{s}"' for s in specs), threads=a.threads, reps=a.reps))
-    p = subprocess.run(
-        [sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab-dir", str(lab / "lab")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
-    if p.returncode not in (0, 1):
-        raise SystemExit(p.stderr[-2000:])
-    rows = Ledger(ledger_path(lab / "lab")).rows_frame(recipe="releases")
+    names = ["releases"] + [f"releases-{i + 1}" for i in range(1, a.runs)]
+    sources = ", ".join(f'"{s}"' for s in specs)
+    for name in names:  # one after the other: a run is the lab's only user of the CPUs
+        recipe = lab / f"{name}.yaml"
+        recipe.write_text(RECIPE.format(name=name, sources=sources, threads=a.threads, reps=a.reps))
+        p = subprocess.run(
+            [sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab-dir", str(lab / "lab")],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        if p.returncode not in (0, 1):
+            raise SystemExit(p.stderr[-2000:])
+    rows = pd.concat([Ledger(ledger_path(lab / "lab")).rows_frame(recipe=n) for n in names], ignore_index=True)
     from devicelab.build import source as sourcemod
 
     commits = {r: sourcemod.commit_of(s) for r, s in zip(releases, specs, strict=True)}
@@ -78,7 +87,9 @@ def main() -> None:
             cmp = cmpmod.compare(rows[rows.build_commit == commits[prev]], mine, side_a, side_b, list(METRICS))
             sig = cmp.significant()
             significant += len(sig)
-            line["vs previous"] = "; ".join(f"{p.key['quant']} {p.metric} ×{p.ratio:.2f}" for p in sig) or "no change"
+            said = "; ".join(f"{p.key['quant']} {p.metric} ×{p.ratio:.2f}" for p in sig) or "no change"
+            busy = sum(p.verdict == cmpmod.HOST_BUSY for p in cmp.pairs)
+            line["vs previous"] = said + (f" ({busy} of {len(cmp.pairs)} not judged: host busy)" if busy else "")
         table.append(line)
     cols = list(dict.fromkeys(k for line in table for k in line))
     print("| " + " | ".join(cols) + " |")

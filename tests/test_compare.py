@@ -167,9 +167,10 @@ def test_sql_import_runs_nothing_but_llama_bench_inserts(tmp_path):
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory, host_build, smol_path):
     """One recipe run twice, one run after the other on one build (two names: the second is not a re-run); then
-    a third time while a process the lab did not start keeps one of this host's CPUs busy."""
+    a third time while a process the lab did not start keeps one of this host's CPUs busy; then twice more (the
+    ledger's history of that build, from which compare learns the noise between runs)."""
     d = tmp_path_factory.mktemp("noise")
-    for name in ("noise-a", "noise-b", "noise-busy"):
+    for name in ("noise-a", "noise-b", "noise-busy", "noise-c", "noise-d"):
         r = d / f"{name}.yaml"
         r.write_text(RECIPE.format(name=name))
         spin = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if name == "noise-busy" else None
@@ -226,6 +227,32 @@ def test_noise_is_not_a_regression(two_runs):
         check=True,
     )
     assert [x["verdict"] for x in json.loads(p.stdout)["pairs"]] == ["regression"]
+
+
+def test_one_run_a_side_learns_the_noise_between_runs_from_the_ledger(two_runs):
+    """noise-a against noise-b, one run a side: the ledger also holds the same build measured in noise-c and noise-d
+    (and noise-busy, left out: measured beside a busy loop), so each speed pair's floor is 2.77 × those runs'
+    scatter (the compared runs are not their own yardstick), and no change smaller than it is claimed."""
+    p = devicelab(
+        "compare", "--lab-dir", two_runs, "--a", "recipe=noise-a", "--b", "recipe=noise-b", "--format", "json"
+    )
+    assert p.returncode == 0, p.stderr
+    rows = Ledger(ledger_path(two_runs)).rows_frame()
+    want = cmpmod.run_noise(rows[rows.recipe.isin(["noise-c", "noise-d", "noise-busy"])])
+    speeds = [x for x in json.loads(p.stdout)["pairs"] if x["metric"] in ("prefill_tps", "decode_tps")]
+    assert len(speeds) == 4
+    for x in speeds:
+        learnt = want.get(("local", x["metric"]))
+        if learnt is None:  # noise-c or noise-d itself measured on a busy host: nothing learnt, nothing claimed
+            assert x["noise_floor"] is None
+            continue
+        assert learnt.runs == 2 and x["noise_runs"] == 2
+        assert x["noise_floor"] == pytest.approx(cmpmod.NOISE_Z * learnt.rel_sd)
+        if x["verdict"] in ("gain", "regression"):
+            assert abs(x["ratio"] - 1) >= x["noise_floor"], x
+    table = devicelab("compare", "--lab-dir", two_runs, "--a", "recipe=noise-a", "--b", "recipe=noise-b").stdout
+    if any(x["noise_floor"] for x in speeds):
+        assert "run-to-run noise the ledger holds" in " ".join(table.split())
 
 
 def test_a_busy_host_is_seen_and_not_judged(two_runs):
@@ -316,3 +343,37 @@ def test_two_runs_or_more_a_side_are_tested_over_their_runs():
     assert pooled.pairs[0].verdict == cmpmod.REGRESSION  # what the repetitions alone would have said
     assert cmpmod.compare(a, side("y", [70, 74, 66]), *sides).pairs[0].verdict == cmpmod.REGRESSION
     assert "one run a side" not in cmpmod.summary(cmp)
+
+
+def test_one_run_a_side_is_judged_against_the_ledgers_run_to_run_noise():
+    """One run a side, each run's repetitions tight (±1 %), 8 % apart: over the repetitions alone that is a
+    regression. The ledger holds the same build measured in four other runs whose means scatter ±5 %: run_noise
+    learns it (per device and metric, rows measured on a busy host left out) and the pair is within it; a 30 %
+    drop is still a regression; a device the history never measured twice keeps the old note."""
+    rng = np.random.default_rng(7)
+
+    def run(device, mean, run_id, busy=0.0, build="b1"):
+        return _rows(device, rng.normal(mean, 1, 5)).assign(run_id=run_id, build_key=build, host_busy_cpus=busy)
+
+    history = pd.concat(
+        [run("x", m, f"h{i}") for i, m in enumerate([100, 105, 95, 101])]
+        + [run("x", 40, "loaded", busy=1.0)]  # beside a busy loop: not the device's own noise
+        + [run("x", 150, "other-build", build="b2")]  # another build: its own key, measured once
+    )
+    noise = cmpmod.run_noise(history)
+    (got,) = noise.values()
+    assert list(noise) == [("x", "decode_tps")] and got.runs == 4 and got.keys == 1
+    assert got.rel_sd == pytest.approx(np.std([100, 105, 95, 101], ddof=1) / 100.25, rel=0.15)
+
+    sides = cmpmod.Side.parse("run=a"), cmpmod.Side.parse("run=b")
+    a, b = run("x", 100, "a"), run("x", 92, "b")
+    assert cmpmod.compare(a, b, *sides).pairs[0].verdict == cmpmod.REGRESSION  # the repetitions alone
+    cmp = cmpmod.compare(a, b, *sides, noise=noise)
+    (pair,) = cmp.pairs
+    assert pair.verdict == cmpmod.SAME and pair.noise_floor == pytest.approx(cmpmod.NOISE_Z * got.rel_sd)
+    assert "run-to-run noise the ledger holds" in cmpmod.summary(cmp)
+    # what the CLI and the report learn it from: the history less the sides' own runs
+    assert cmpmod.noise_beside(pd.concat([history, a, b]), a, b) == noise
+    assert cmpmod.compare(a, run("x", 70, "c"), *sides, noise=noise).pairs[0].verdict == cmpmod.REGRESSION
+    elsewhere = cmpmod.compare(run("y", 100, "a"), run("y", 92, "b"), *sides, noise=noise)
+    assert elsewhere.pairs[0].verdict == cmpmod.REGRESSION and "measure a build twice" in cmpmod.summary(elsewhere)

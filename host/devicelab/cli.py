@@ -761,10 +761,36 @@ def compare(side_a, side_b, lab_dir, metrics, alpha, min_effect, max_busy, fmt, 
             raise DevicelabError(
                 f"compare: side {sd.label!r} selects no rows; see `devicelab results` for what the lab holds"
             )
-    cmp = cmpmod.compare(frames[0], frames[1], sides[0], sides[1], list(metrics) or None, alpha, min_effect, max_busy)
+    noise = _run_noise(frames, lab_dir, max_busy)
+    cmp = cmpmod.compare(
+        frames[0], frames[1], sides[0], sides[1], list(metrics) or None, alpha, min_effect, max_busy, noise
+    )
     _print_comparison(cmp, fmt)
     if fail_on_regression and cmp.counts().get(cmpmod.REGRESSION):
         sys.exit(1)
+
+
+def _run_noise(frames, lab_dir, max_busy) -> dict | None:
+    """Where a side holds one run: how much the sides' figures move between runs of the same builds on the same
+    devices, from the lab's other runs of them. Read per (device, kind, build) the sides hold: what the comparison
+    asks about, not the ledger."""
+    import pandas as pd
+
+    from . import compare as cmpmod
+    from .ledger import ledger_path
+
+    cols = ["device", "payload", "build_key"]
+    if cmpmod.over_runs(*frames) or not all(set(cols) <= set(df.columns) for df in frames):
+        return None
+    if not ledger_path(_lab_dir(lab_dir)).exists():  # both sides from elsewhere: nothing to learn it from
+        return None
+    combos = pd.concat([df[cols] for df in frames]).dropna().drop_duplicates()
+    hist = [
+        _load_rows(lab_dir, None, None, {"match": {c: (str(v), False) for c, v in zip(cols, combo, strict=True)}})
+        for combo in combos.itertuples(index=False)
+    ]
+    hist = [h for h in hist if not h.empty]
+    return cmpmod.noise_beside(pd.concat(hist, ignore_index=True), *frames, max_busy) if hist else None
 
 
 def _side_match(sd) -> dict:

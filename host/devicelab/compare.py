@@ -11,7 +11,11 @@ change counts only when it is significant *and* at least `min_effect` in size.
 
 Repetitions measure the noise within a run, not between runs: a pair a side of which was measured on this host's
 CPUs while other processes kept `max_busy` CPUs or more busy (rows' `host_busy_cpus`) is not judged — its verdict
-says the host was busy, with both figures, instead of calling a difference the load made a change."""
+says the host was busy, with both figures, instead of calling a difference the load made a change. Where a side
+holds one run, the repetitions cannot know the noise between runs; the ledger can, where it holds the same
+figure (same build, same cell properties) from two runs or more outside the two sides: `run_noise` pools that
+scatter per device and metric, and a one-run difference smaller than what two runs of one build differ by 95 % of
+the time (`NOISE_Z` × the between-run sd) is not called a change."""
 
 from __future__ import annotations
 
@@ -38,6 +42,8 @@ SAME, GAIN, REGRESSION, CHANGED, UNTESTED = "same", "gain", "regression", "chang
 HOST_BUSY = "host busy"
 DEFAULT_ALPHA, DEFAULT_MIN_EFFECT = 0.05, 0.03
 BUSY_CPUS = 0.2  # other processes' load on the host (CPUs) from which a side's figures are not judged
+# two single runs of one build differ by less than this × the between-run sd 95 % of the time
+NOISE_Z = 1.96 * math.sqrt(2)
 
 
 @dataclass
@@ -108,6 +114,18 @@ class Pair:
     p_adj: float | None = None  # Holm-adjusted over every tested pair
     verdict: str = UNTESTED
     host_busy: tuple[float | None, float | None] = (None, None)  # CPUs other processes used, A and B (max)
+    noise_floor: float | None = None  # one run a side: |B/A − 1| below this is within the ledger's run-to-run noise
+    noise_runs: int | None = None  # the runs that floor was learnt from
+
+
+@dataclass
+class RunNoise:
+    """How much one figure moves between runs of one build on one device (relative sd of the runs' means), pooled
+    over every key the ledger measured in two runs or more."""
+
+    rel_sd: float
+    runs: int  # the runs it rests on
+    keys: int  # the keys (build and cell properties) measured twice or more
 
 
 @dataclass
@@ -263,13 +281,71 @@ def _verdict(pair: Pair, alpha: float, min_effect: float, max_busy: float | None
         return UNTESTED
     if max_busy is not None and busy(pair, max_busy):
         return HOST_BUSY
-    if pair.p_adj >= alpha or abs(pair.ratio - 1) < min_effect:
+    if pair.p_adj >= alpha or abs(pair.ratio - 1) < max(min_effect, pair.noise_floor or 0.0):
         return SAME
     better = BETTER.get(pair.metric)
     if better is None:
         return CHANGED
     up = pair.ratio > 1
     return GAIN if (up and better == HIGHER) or (not up and better == LOWER) else REGRESSION
+
+
+def run_noise(history: pd.DataFrame, max_busy: float | None = BUSY_CPUS) -> dict[tuple[str, str], RunNoise]:
+    """{(device, metric): RunNoise} from rows measured in two runs or more of one build with the same cell
+    properties (rows measured while the host was busy left out: their scatter is the load's)."""
+    need = {"run_id", "device", "metric", "value", "payload"}
+    if history.empty or not need <= set(history.columns):
+        return {}
+    h = history[pd.to_numeric(history["value"], errors="coerce").notna()]
+    if max_busy is not None and "host_busy_cpus" in h.columns:
+        h = h[~(pd.to_numeric(h["host_busy_cpus"], errors="coerce") >= max_busy)]
+    build = next((c for c in ("build_key", "build_commit") if c in h.columns), None)
+    pooled: dict[tuple[str, str], list] = {}  # (device, metric) -> [Σ (k−1)·rel var, Σ (k−1), keys, run ids]
+    for got, rows in h.groupby(["payload", build] if build else ["payload"], sort=False):
+        payload = got[0] if isinstance(got, tuple) else got
+        keys = [c for c in key_properties(str(payload)) if c in rows.columns]
+        filled = rows[keys].astype("string").fillna("")
+        for k, g in rows.groupby([filled[c] for c in keys], sort=False, dropna=False):
+            if g["run_id"].nunique() < 2:
+                continue
+            means = pd.to_numeric(g["value"], errors="coerce").groupby(g["run_id"]).mean()
+            m = float(means.mean())
+            if not m:
+                continue
+            key = dict(zip(keys, k if isinstance(k, tuple) else (k,), strict=True))
+            acc = pooled.setdefault((str(key.get("device", "")), str(key.get("metric", ""))), [0.0, 0.0, 0, set()])
+            acc[0] += (len(means) - 1) * float(means.var(ddof=1)) / (m * m)
+            acc[1] += len(means) - 1
+            acc[2] += 1
+            acc[3] |= set(means.index)
+    return {k: RunNoise(math.sqrt(v[0] / v[1]), len(v[3]), int(v[2])) for k, v in pooled.items() if v[1] > 0}
+
+
+def over_runs(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Both sides hold two runs or more: their test is over the runs, and knows the noise between them."""
+    return all("run_id" in df.columns and df["run_id"].nunique() >= 2 for df in (a, b))
+
+
+def noise_beside(history: pd.DataFrame, a: pd.DataFrame, b: pd.DataFrame, max_busy: float | None = BUSY_CPUS):
+    """run_noise of the history less the runs of the two sides (a difference is never its own yardstick); None
+    where the sides' test is over their runs already."""
+    if over_runs(a, b):
+        return None
+    if history is None or "run_id" not in history.columns:
+        return None
+    seen = {r for df in (a, b) if "run_id" in df.columns for r in df["run_id"].dropna().unique()}
+    return run_noise(history[~history["run_id"].isin(seen)], max_busy)
+
+
+def _floor(noise: dict, ra: pd.DataFrame, rb: pd.DataFrame, metric: str) -> tuple[float, int] | None:
+    """The run-to-run noise floor of a one-run pair, and the runs it rests on: the noisier of its devices' (both
+    sides' devices)."""
+    devices = {str(d) for r in (ra, rb) if "device" in r.columns for d in r["device"].dropna().unique()}
+    known = [noise[(d, metric)] for d in devices if (d, metric) in noise]
+    if not known:
+        return None
+    worst = max(known, key=lambda n: n.rel_sd)
+    return NOISE_Z * worst.rel_sd, worst.runs
 
 
 def compare(
@@ -281,10 +357,12 @@ def compare(
     alpha: float = DEFAULT_ALPHA,
     min_effect: float = DEFAULT_MIN_EFFECT,
     max_busy: float | None = BUSY_CPUS,
+    noise: dict[tuple[str, str], RunNoise] | None = None,
 ) -> Comparison:
     """Pair the two sides' rows and judge each pair. Metrics default to those with a direction in the schema.
     `max_busy`: the other processes' load (CPUs) from which a pair is not judged; None judges every pair (their
-    `host_busy` still says what it was)."""
+    `host_busy` still says what it was). `noise`: run_noise of rows outside the two sides, for pairs with one run
+    a side."""
     if metrics:
         a, b = a[a["metric"].isin(metrics)], b[b["metric"].isin(metrics)]
     else:
@@ -304,6 +382,9 @@ def compare(
         unit = str(ra["unit"].iloc[0]) if "unit" in ra.columns else ""
         pair = Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb))
         pair.host_busy = (_busy(ra), _busy(rb))
+        floor = _floor(noise, ra, rb, pair.metric) if min(runs) < 2 and noise else None
+        if floor:
+            pair.noise_floor, pair.noise_runs = floor
         pairs.append(pair)
     tested = [p for p in pairs if p.p is not None]
     for p, adj in zip(tested, holm([p.p for p in tested]), strict=True):
@@ -382,10 +463,16 @@ def summary(cmp: Comparison) -> str:
     if cmp.only_a or cmp.only_b:
         parts.append(f"{len(cmp.only_a)} only in A, {len(cmp.only_b)} only in B")
     tested = [p for p in cmp.pairs if p.p is not None]
-    if tested and all(p.a.runs == 1 and p.b.runs == 1 for p in tested):
+    floors = {p.metric: p.noise_floor for p in tested if p.noise_floor is not None}
+    if floors:
+        parts.append(
+            "one run a side: a difference within the run-to-run noise the ledger holds for these devices is not "
+            "a change (" + ", ".join(f"{m} ±{100 * f:.1f} %" for m, f in sorted(floors.items())) + ")"
+        )
+    elif tested and all(p.a.runs == 1 and p.b.runs == 1 for p in tested):
         parts.append(
             "one run a side: the test knows the noise within a run, not between runs, which on a shared machine can "
-            "be larger (raise --min-effect above it)"
+            "be larger (measure a build twice and the ledger learns it; or raise --min-effect above it)"
         )
     return (
         f"A = {cmp.a}, B = {cmp.b}: "
@@ -432,6 +519,7 @@ def frame(cmp: Comparison) -> pd.DataFrame:
             "ratio": p.ratio,
             "p": p.p,
             "p_holm": p.p_adj,
+            "noise_floor": p.noise_floor,
             "verdict": p.verdict,
         }
         for p in cmp.pairs

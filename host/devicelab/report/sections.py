@@ -181,7 +181,8 @@ def _comparison(rows: pd.DataFrame, key: str, col: str) -> str:
     last = rows.assign(_v=rows[col].astype(str)).groupby("_v")["recorded_at"].max().sort_values()
     a, b = list(last.index[-2:]) if key == "run" else list(dict.fromkeys(vals))[:2]
     sa, sb = cmpmod.Side.parse(f"{key}={a}"), cmpmod.Side.parse(f"{key}={b}")
-    cmp = cmpmod.compare(sa.select(rows), sb.select(rows), sa, sb)
+    ra, rb = sa.select(rows), sb.select(rows)
+    cmp = cmpmod.compare(ra, rb, sa, sb, noise=cmpmod.noise_beside(rows, ra, rb))
     if not cmp.pairs:
         return ""
     headers, body, common = cmpmod.view(cmp)
