@@ -5,7 +5,8 @@ network namespaces this test creates (tests/cluster_peer.py), without TLS (test_
   address the lab did not name is refused in one line, and comes up only with `--any-address`.
 - Every port its nodes open is one devicelab pinned and printed (GCS, raylet, object manager, agents, workers).
 - Without TLS the lab network carries gRPC's plaintext (the control for test_cluster.py's capture).
-- Two workers started at once for one device: exactly one advertises it; the other is refused in one line."""
+- Two workers started at once for one device: exactly one advertises it; the other is refused in one line.
+- A worker without the lab's token, or with another one, is refused in one line."""
 
 import subprocess
 import sys
@@ -82,6 +83,22 @@ def test_listening_ports_and_one_claim_per_device(tmp_path, net):
     assert _ports(net, winner.name) and _ports(net, winner.name) <= _pinned(6379, head=False)
     # without TLS, the joins' gRPC crossed the lab network in clear
     assert b"PRI * HTTP/2.0" in cap.stop()
+    # a worker without the lab's token, and one with another token: refused in one line, and nothing of it advertised
+    for i, extra in enumerate(({}, {"RAY_AUTH_TOKEN": "0123456789abcdef" * 2})):
+        home = tmp_path / f"home-{i}"
+        home.mkdir()
+        env = {k: v for k, v in net.env().items() if k != "RAY_AUTH_TOKEN"}
+        cmd = ["worker", "--address", net.address, "--lab", lab, "--host", "w1"]
+        p = subprocess.run(
+            [*loser.prefix(), sys.executable, "-m", "devicelab.cli", *map(str, cmd)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**env, "HOME": str(home), **extra},
+        )
+        err = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+        assert p.returncode != 0 and len(err) == 1 and "authentication token" in err[0], p.stdout + p.stderr
+    assert net.advertised() == {"shared": "w1"}
 
 
 def test_make_certs_and_cert_write_a_ca_and_host_certificates(tmp_path):
