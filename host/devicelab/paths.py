@@ -46,6 +46,49 @@ def result_lock(out: Path):
         yield
 
 
+def flock(fh, mode: int, cancel=None, what: str = "a lock") -> None:
+    """fcntl.flock(fh, mode), waiting; where `cancel` (a threading.Event) is given, a wait it ends raises
+    RetryableError instead of blocking a stopping run (Ctrl-C while another run holds what this one waits for)."""
+    import fcntl
+
+    if cancel is None:
+        fcntl.flock(fh, mode)
+        return
+    while True:
+        try:
+            fcntl.flock(fh, mode | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if cancel.wait(0.1):
+                from .errors import RetryableError
+
+                raise RetryableError(f"interrupted while waiting for {what}") from None
+
+
+def lock_holders(fh) -> list[int]:
+    """The other processes that hold a flock on the open file `fh`, from /proc/locks; [] where the
+    system does not say."""
+    st = os.fstat(fh.fileno())
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return []
+    pids = {int(f[4]) for f in (ln.split() for ln in lines if "->" not in ln) if len(f) > 5 and f[5] == dev}
+    return sorted(pids - {os.getpid()})
+
+
+def describe_pid(pid: int) -> str:
+    """`pid 123 (devicelab run a.yaml)`: a process named for a message, its command line where it can be read."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"pid {pid}"
+    words = [a.decode(errors="replace") for a in argv if a]
+    text = " ".join([Path(words[0]).name, *words[1:]])[:80] if words else ""
+    return f"pid {pid} ({text})" if text else f"pid {pid}"
+
+
 def temp_for(out: Path) -> Path:
     """A temporary name beside `out` that no other process or thread uses (renamed into place when complete)."""
     import uuid

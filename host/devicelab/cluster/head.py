@@ -228,6 +228,9 @@ class SharedCPUs:
     def during(self, start: float, end: float, exclude: str = "") -> list[str]:
         return ray.get(self.head.cpu_during.remote(start, end, exclude))
 
+    def cancel(self) -> None:
+        """Nothing to end here: a wait is the head's, and cpu_drop ends this lane's when the lane is released."""
+
 
 class RemoteLedger(relay(LaneLedger)):
     """The head's ledger from another node: artifacts are staged here and sent with the cell's outcome."""
@@ -279,13 +282,14 @@ class RemoteBuild(Build):
 class RemoteHostWork:
     """HostWork's face in a lane's process: each piece is made once on the head; files come by content hash
     into another node's cache, and are the head's own on the head node. Another node's CPUs are its own
-    (`cpu`), the head node's are the Head's; the llama.cpp source for builds on a device is this host's own,
+    (`cpu`: shared with that node's other lanes, each its own process, through the host's CPU lock file), the head
+    node's are the Head's; the llama.cpp source for builds on a device is this host's own,
     and must be the head's commit."""
 
-    def __init__(self, head, info: dict, owner: str):
+    def __init__(self, head, info: dict, owner: str, note=None):
         self.head, self.jobs, self.info = head, info["jobs"], info
         self.here = info.get("node") == ray.get_runtime_context().get_node_id()  # on the head node
-        self.cpu = SharedCPUs(head, owner) if self.here else HostCPUs()
+        self.cpu = SharedCPUs(head, owner) if self.here else HostCPUs(note)
         self._src = None
         self._lock = threading.Lock()
 
@@ -386,14 +390,15 @@ class LaneActor:
         d = device_from(device)
         _put_lease(d.name, lease)
         staging = blobs.root() / "staging" / blobs.check_name(run_id, "a run id") / blobs.check_name(d.name, "a device")
+        ev = RelayEvents(self.queue)
         try:
             self.lane = Lane(
                 d,
                 cells,
                 run_id,
                 RemoteLedger(self.head, staging),
-                RemoteHostWork(self.head, info, d.name),
-                RelayEvents(self.queue),
+                RemoteHostWork(self.head, info, d.name, note=ev.stage),
+                ev,
                 telemetry,
                 self.stop,
             )
@@ -405,5 +410,7 @@ class LaneActor:
 
     def interrupt(self) -> None:
         self.stop.set()
+        if self.lane is not None:
+            self.lane.host.cpu.cancel()
         if self.lane is not None and self.lane.session is not None:
             self.lane.session.interrupt()

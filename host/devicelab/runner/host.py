@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import kinds, recipe_paths
+from .. import kinds, paths, recipe_paths
 from ..build import cache as buildcache
 from ..build import source as sourcemod
 from ..build import targets
@@ -64,9 +64,16 @@ class HostCPUs:
     """Readers/writer lock over this machine's CPUs. `measure(who)`: a device that measures on these CPUs
     runs its payload alone. `work(label)`: a host-side step (build, quantize, base logits, host eval) —
     several may run together, never while a measurement holds the CPUs. Every use is logged, so a cell can
-    say what else ran on the host during it."""
+    say what else ran on the host during it.
 
-    def __init__(self):
+    The rule holds between processes too (two runs in two terminals, the lanes of a lab host that are each their
+    own process): once granted here, a measurement takes an exclusive flock on the home's `locks/host-cpus.lock`
+    and host work a shared one, released by the kernel when a process dies. A use that has to wait for another
+    process says so through `note`, naming it."""
+
+    def __init__(self, note=None):
+        self._note = note
+        self._cancel = threading.Event()
         self._cv = threading.Condition()
         self._measuring: str | None = None
         self._workers = 0
@@ -88,7 +95,7 @@ class HostCPUs:
             self._measuring = who
             entry = self._enter(who)
         try:
-            with measured() as m:
+            with self._machine(True, who), measured() as m:
                 yield m
         finally:
             with self._cv:
@@ -103,12 +110,44 @@ class HostCPUs:
             self._workers += 1
             entry = self._enter(label)
         try:
-            yield
+            with self._machine(False, label):
+                yield
         finally:
             with self._cv:
                 entry[2] = time.time()
                 self._workers -= 1
                 self._cv.notify_all()
+
+    @contextmanager
+    def _machine(self, exclusive: bool, label: str):
+        """This machine's CPUs between processes: exclusive to measure, shared for host work. Host work that
+        waits goes before the next measurement (it holds `host-cpus.wanted` while it waits, and a measurement
+        first waits for that to be free): a run measuring cell after cell would otherwise starve another run's
+        bounded host work, whose cells wait on it."""
+        import fcntl
+
+        locks = paths.sub("locks")
+        with open(locks / "host-cpus.lock", "a") as fh, open(locks / "host-cpus.wanted", "a") as want:
+            if exclusive:  # another process's host work that waits goes first
+                paths.flock(want, fcntl.LOCK_EX, self._cancel, "another run's host work")
+                fcntl.flock(want, fcntl.LOCK_UN)
+            mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
+            try:
+                fcntl.flock(fh, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if self._note:
+                    who = ", ".join(paths.describe_pid(p) for p in paths.lock_holders(fh)) or "another process"
+                    use = "is using them" if exclusive else "measures on them"
+                    self._note(f"{label}: waiting for this host's CPUs, which {who} {use}")
+                if not exclusive:
+                    paths.flock(want, fcntl.LOCK_SH, self._cancel, "this host's CPUs")
+                paths.flock(fh, mode, self._cancel, "this host's CPUs")
+                fcntl.flock(want, fcntl.LOCK_UN)
+            yield
+
+    def cancel(self) -> None:
+        """The run is stopping: a wait for another process's use of the CPUs ends (RetryableError)."""
+        self._cancel.set()
 
     @contextmanager
     def activity(self, label: str):
@@ -150,7 +189,7 @@ class HostWork:
         self.imatrix_specs = imatrix or {}  # model -> recipes.ImatrixSpec
         self.lora_specs = lora or {}  # model -> a LoRA adapter source
         self.ev, self.jobs = events, jobs
-        self.cpu = HostCPUs()
+        self.cpu = HostCPUs(note=events.stage)
         self._locks: dict = {}
         self._done: dict = {}
         self._guard = threading.Lock()

@@ -53,6 +53,7 @@ class HostCPU(Protocol):
     def work(self, label: str) -> AbstractContextManager: ...
     def activity(self, label: str) -> AbstractContextManager: ...
     def during(self, start: float, end: float, exclude: str = "") -> list[str]: ...
+    def cancel(self) -> None: ...  # the run stops: a wait for another process's use of the CPUs ends
 
 
 class HostServices(Protocol):
@@ -95,7 +96,7 @@ LEDGER_CALLS = protocol_calls(LaneLedger)
 
 
 @contextmanager
-def device_lock(name: str, run_id: str, ev: Events):
+def device_lock(name: str, run_id: str, ev: Events, stop: threading.Event | None = None):
     """One device, one run: an exclusive lock on a file under the device's entry in DEVICELAB_HOME, held while a
     lane drives it (released by the kernel if the process dies). A second run waits, and says who holds it."""
     import fcntl
@@ -124,7 +125,7 @@ def device_lock(name: str, run_id: str, ev: Events):
             )
             ev.lane(name, "waiting: " + msg)
             ev.stage(msg)
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            paths.flock(fh, fcntl.LOCK_EX, stop, f"{name}, which another run holds")
         fh.seek(0)
         fh.truncate()
         fh.write(json.dumps({"run": run_id, "pid": os.getpid(), "host": labmod.this_host(), "since": time.time()}))
@@ -164,6 +165,9 @@ class Lane:
         self.failed: list[str] = []
         self.session: DeviceSession | None = None
         self.thread = threading.Thread(target=self.run, name=f"lane {device.name}", daemon=True)
+        # set when run() has returned. Wait on this, not on thread.join: on Python 3.11 a Ctrl-C that lands in a
+        # join marks the thread stopped while it still runs (CPython gh-90882), and its lane would not be waited for
+        self.finished = threading.Event()
 
     def _fail(self, cells: list[Cell], reason: str, retryable: bool) -> None:
         for c in cells:
@@ -180,7 +184,7 @@ class Lane:
         todo = list(self.cells)
         try:
             with (
-                device_lock(name, self.run_id, self.ev),
+                device_lock(name, self.run_id, self.ev, self.stop),
                 DeviceSession(self.device, self.ledger, self.host, self.ev, self.telemetry, tools) as s,
             ):
                 self.session = s
@@ -197,17 +201,20 @@ class Lane:
                         )
                         todo = []
         except Exception as e:  # noqa: BLE001 - setup (connect, kit, facts, target, build) or teardown
-            why = f"{name}: {one_line(e)}"
+            why = "interrupted by the user" if self.stop.is_set() else f"{name}: {one_line(e)}"
             if self.session is None or todo:
                 self._fail(todo, why, retryable=isinstance(e, TRANSIENT))
             else:
                 self.ev.stage(f"warning: {why} (while putting the device back)")
         finally:
             # nothing of this lane is left running, whatever happened
-            for c in self.cells:
-                if self.ledger.status(c.cell_id) == "running":
-                    self._fail([c], f"{name}: the lane ended while this cell ran", retryable=True)
-            self.ev.lane(name, "finished" if not self.failed else f"{len(self.failed)} cell(s) failed")
+            try:
+                for c in self.cells:
+                    if self.ledger.status(c.cell_id) == "running":
+                        self._fail([c], f"{name}: the lane ended while this cell ran", retryable=True)
+                self.ev.lane(name, "finished" if not self.failed else f"{len(self.failed)} cell(s) failed")
+            finally:
+                self.finished.set()
 
     def _one(self, s: DeviceSession, c: Cell) -> str | None:
         """Run one cell; what happened when the device went away during it (its remaining cells cannot run)."""

@@ -79,16 +79,17 @@ class LocalPlacement:
             for lane in self.lanes:
                 lane.thread.start()
             for lane in self.lanes:
-                while lane.thread.is_alive():
-                    lane.thread.join(0.2)
+                while not lane.finished.wait(0.2):
+                    pass
         except KeyboardInterrupt:
             stop.set()
+            su.host.cpu.cancel()  # a lane waiting for another run's use of the host's CPUs stops waiting
             for lane in self.lanes:  # stop the running payloads; each lane puts its device back
                 if lane.session is not None:
                     lane.session.interrupt()
             deadline = time.time() + 120
             for lane in self.lanes:
-                lane.thread.join(max(0.0, deadline - time.time()))
+                lane.finished.wait(max(0.0, deadline - time.time()))
             raise
         finally:
             rep.ran += sum(lane.ran for lane in lanes)
