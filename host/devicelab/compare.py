@@ -116,6 +116,7 @@ class Pair:
     host_busy: tuple[float | None, float | None] = (None, None)  # CPUs other processes used, A and B (max)
     noise_floor: float | None = None  # one run a side: |B/A − 1| below this is within the ledger's run-to-run noise
     noise_runs: int | None = None  # the runs that floor was learnt from
+    one_run: bool = False  # both sides from the same one run: what moves between runs moves both
 
 
 @dataclass
@@ -382,7 +383,8 @@ def compare(
         unit = str(ra["unit"].iloc[0]) if "unit" in ra.columns else ""
         pair = Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb))
         pair.host_busy = (_busy(ra), _busy(rb))
-        floor = _floor(noise, ra, rb, pair.metric) if min(runs) < 2 and noise else None
+        pair.one_run = runs == [1, 1] and "run_id" in ra.columns and set(ra["run_id"]) == set(rb["run_id"])
+        floor = _floor(noise, ra, rb, pair.metric) if min(runs) < 2 and noise and not pair.one_run else None
         if floor:
             pair.noise_floor, pair.noise_runs = floor
         pairs.append(pair)
@@ -469,6 +471,8 @@ def summary(cmp: Comparison) -> str:
             "one run a side: a difference within the run-to-run noise the ledger holds for these devices is not "
             "a change (" + ", ".join(f"{m} ±{100 * f:.1f} %" for m, f in sorted(floors.items())) + ")"
         )
+    elif tested and all(p.one_run for p in tested):
+        parts.append("both sides from one run: what moves between runs moves both, and the repetitions are the test")
     elif tested and all(p.a.runs == 1 and p.b.runs == 1 for p in tested):
         parts.append(
             "one run a side: the test knows the noise within a run, not between runs, which on a shared machine can "
