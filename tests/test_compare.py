@@ -371,7 +371,7 @@ def test_one_run_a_side_is_judged_against_the_ledgers_run_to_run_noise():
     cmp = cmpmod.compare(a, b, *sides, noise=noise)
     (pair,) = cmp.pairs
     assert pair.verdict == cmpmod.SAME and pair.noise_floor == pytest.approx(cmpmod.NOISE_Z * got.rel_sd)
-    assert "run-to-run noise the ledger holds" in cmpmod.summary(cmp)
+    assert "run-to-run noise the ledger holds" in cmpmod.summary(cmp) and "from 4 runs" in cmpmod.summary(cmp)
     # what the CLI and the report learn it from: the history less the sides' own runs
     assert cmpmod.noise_beside(pd.concat([history, a, b]), a, b) == noise
     assert cmpmod.compare(a, run("x", 70, "c"), *sides, noise=noise).pairs[0].verdict == cmpmod.REGRESSION

@@ -465,11 +465,13 @@ def summary(cmp: Comparison) -> str:
     if cmp.only_a or cmp.only_b:
         parts.append(f"{len(cmp.only_a)} only in A, {len(cmp.only_b)} only in B")
     tested = [p for p in cmp.pairs if p.p is not None]
-    floors = {p.metric: p.noise_floor for p in tested if p.noise_floor is not None}
+    floors = {p.metric: (p.noise_floor, p.noise_runs) for p in tested if p.noise_floor is not None}
     if floors:
         parts.append(
             "one run a side: a difference within the run-to-run noise the ledger holds for these devices is not "
-            "a change (" + ", ".join(f"{m} ±{100 * f:.1f} %" for m, f in sorted(floors.items())) + ")"
+            "a change ("
+            + ", ".join(f"{m} ±{100 * f:.1f} % from {n} runs" for m, (f, n) in sorted(floors.items()))
+            + ")"
         )
     elif tested and all(p.one_run for p in tested):
         parts.append("both sides from one run: what moves between runs moves both, and the repetitions are the test")

@@ -18,7 +18,6 @@ import functools
 import hashlib
 import inspect
 import json
-import os
 import shutil
 import tempfile
 import threading
@@ -379,12 +378,7 @@ class LaneActor:
         """Where the lane runs, and the devicelab it runs (checked against the run's before the lane starts)."""
         from .node import code_digest
 
-        return {
-            "host": this_host(),
-            "node": ray.get_runtime_context().get_node_id(),
-            "pid": os.getpid(),
-            "code": code_digest(),
-        }
+        return {"host": this_host(), "node": ray.get_runtime_context().get_node_id(), "code": code_digest()}
 
     def run(self, device: dict, cells: list, run_id: str, telemetry, info: dict, lease: dict) -> dict:
         d = device_from(device)
@@ -412,5 +406,5 @@ class LaneActor:
         self.stop.set()
         if self.lane is not None:
             self.lane.host.cpu.cancel()
-        if self.lane is not None and self.lane.session is not None:
-            self.lane.session.interrupt()
+            if self.lane.session is not None:
+                self.lane.session.interrupt()
