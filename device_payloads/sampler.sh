@@ -75,7 +75,8 @@ word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_
     [ -d "$d" ] || continue
     t=""; { read -r t < "$d/type"; } 2>/dev/null
     meta "power_supply ${d#"$root"/} type=$t"
-    for k in current_now voltage_now power_now charge_counter charge_now energy_now; do add "$d/$k"; done
+    # batt_current_ua_now: Samsung's own µA reading beside a current_now in mA (the host decides the unit by it)
+    for k in current_now voltage_now power_now charge_counter charge_now energy_now batt_current_ua_now; do add "$d/$k"; done
     for k in capacity status temp; do adds "$d/$k"; done
   done
   for z in "$root"/sys/class/thermal/thermal_zone*; do

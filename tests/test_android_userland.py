@@ -35,16 +35,17 @@ def android_env(tmp_path):
     return {"PATH": str(d), "HOME": str(tmp_path)}, d
 
 
+def _script(env, bindir, script: str, *args) -> subprocess.CompletedProcess:
+    """A device script run by Android's sh in its userland: it must succeed and say nothing on stderr."""
+    p = subprocess.run([str(bindir / "sh"), str(PAYLOADS / script), *map(str, args)], env=env, capture_output=True,
+                       text=True, timeout=30)  # fmt: skip
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    return p
+
+
 def test_facts_without_awk_or_tr(android_env, tmp_path):
     env, bindir = android_env
-    p = subprocess.run(
-        [str(bindir / "sh"), str(PAYLOADS / "facts.sh"), str(tmp_path / "wd")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert p.returncode == 0 and p.stderr == "", p.stderr
+    p = _script(env, bindir, "facts.sh", str(tmp_path / "wd"))
     kv = dict(ln.split("=", 1) for ln in p.stdout.splitlines())
     meminfo = dict(ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines())
     assert kv["mem.total_kB"] == meminfo["MemTotal"].split()[0]
@@ -154,3 +155,36 @@ def test_put_writes_verifies_and_commits(android_env, tmp_path, how):
     )
     assert p.returncode == 28 and b"short write" in p.stderr
     assert not bad.exists() and not Path(f"{bad}.ok").exists()
+
+
+def test_thermal_sh_lists_every_zone_and_the_host_converts_each(android_env, tmp_path):
+    """thermal.sh under mksh+toybox on zones in three units (a Snapdragon 821's tsens in d°C, its PMIC in m°C, a
+    board thermistor in °C) and a battery-current-limit zone (mA): it prints every zone raw, and the host's reading
+    converts each before it takes the hottest, temperatures only: 58.0 °C, not the largest raw number (49125)."""
+    from devicelab.telemetry.sources import thermal_zones
+
+    env, bindir = android_env
+    zones = {"tsens_tz_sensor8": "580", "pm8994_tz": "49125", "msm_therm": "49", "pm8150b-ibat-lvl1": "781"}
+    for i, (t, v) in enumerate(zones.items()):
+        z = tmp_path / f"root/sys/class/thermal/thermal_zone{i}"
+        z.mkdir(parents=True)
+        (z / "type").write_text(t + "\n")
+        (z / "temp").write_text(v + "\n")
+    p = _script(env, bindir, "thermal.sh", str(tmp_path / "root"))
+    assert sorted(p.stdout.splitlines()) == [f"thermal_zone{i} {v} {t}" for i, (t, v) in enumerate(zones.items())]
+    assert thermal_zones.parse_now(p.stdout) == 58.0
+
+
+def test_facts_reads_the_cpuinfo_under_its_root(android_env, tmp_path):
+    """facts.sh's ROOT holds another device's /proc/cpuinfo (a capture): its features and cores are read from it."""
+    env, bindir = android_env
+    (tmp_path / "root/proc").mkdir(parents=True)
+    (tmp_path / "root/proc/cpuinfo").write_text(
+        "".join(
+            f"processor\t: {i}\nFeatures\t: fp asimd asimdhp asimddp\nCPU implementer\t: 0x41\nCPU part\t: {p}\n\n"
+            for i, p in enumerate(["0xd05", "0xd05", "0xd0b"])
+        )
+    )
+    p = _script(env, bindir, "facts.sh", str(tmp_path / "wd"), str(tmp_path / "root"))
+    kv = dict(ln.split("=", 1) for ln in p.stdout.splitlines())
+    assert kv["cpu.features"] == "fp asimd asimdhp asimddp" and kv["cpu.parts"] == "2 0xd05; 1 0xd0b;"

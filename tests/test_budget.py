@@ -186,6 +186,21 @@ def test_dumpsys_meminfo_free_ram():
     assert b.source == "dumpsys meminfo" and b.bytes == 3_503_356 * 1024
 
 
+def test_meminfo_fallback_says_why():
+    """Older releases print 'Free RAM: N kB (' (read: tests/fixtures/real/dumpsys-meminfo); where no Free RAM can be
+    read, the budget falls back to MemAvailable and says why."""
+    assert budget.dumpsys_free_kb(" Free RAM: 1182598 kB (59686 cached pss + 326668 cached + 796244 free)") == 1182598
+    phone = {"android.model": "x", "mem.available_kB": "2000000"}
+    for extra, why in (
+        ({}, "no dumpsys meminfo reading"),
+        ({"mem.dumpsys_free": ""}, "printed no Free RAM line"),
+        ({"mem.dumpsys_free": " Free RAM: unknown"}, "not understood: 'Free RAM: unknown'"),
+    ):
+        b = budget.from_facts({**phone, **extra})
+        assert b.source == "MemAvailable" and b.bytes == 2_000_000 * 1024
+        assert "fallback: " in b.detail and why in b.detail, b.detail
+
+
 def _cands(quant_acc: dict, tasks=("easy", "hard"), energy=True):
     """One device, one model, a ladder with per-task accuracies (None: not measured)."""
     rows = []

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -150,8 +151,12 @@ def test_every_llama_bench_format_imports(bench_outputs, tmp_path):
         assert (speeds.value > 0).all() and (speeds.threads == 1).all(), fmt
         assert (speeds.stddev.notna()).all(), fmt
     assert (frames["json"].n.dropna() == 2).all()  # the repetitions only the JSON formats keep
-    p = devicelab("import-bench", bench_outputs["md"], "--device", "vm", "--lab-dir", tmp_path / "md")
-    assert p.returncode != 0 and "markdown table" in p.stderr and "Traceback" not in p.stderr
+    # the markdown table imports too: the same tests and speeds (to its two decimals), its rounded size left empty
+    devicelab("import-bench", bench_outputs["md"], "--device", "vm", "--lab-dir", tmp_path / "md", check=True)
+    md = Ledger(ledger_path(tmp_path / "md")).rows_frame(recipe="imported")
+    speeds = md[md.metric.isin(["prefill_tps", "decode_tps"])]
+    assert sorted(speeds.test) == ["pp8", "tg4"] and set(speeds.quant) == {"q4_1"}
+    assert speeds.model_bytes.isna().all() and (speeds.threads == 1).all()
 
 
 def test_sql_import_runs_nothing_but_llama_bench_inserts(tmp_path):
@@ -162,6 +167,59 @@ def test_sql_import_runs_nothing_but_llama_bench_inserts(tmp_path):
     p = devicelab("import-bench", evil, "--device", "vm", "--lab-dir", tmp_path / "lab")
     assert p.returncode != 0 and "not valid llama-bench SQL" in p.stderr
     assert not (tmp_path / "x.db").exists()
+
+
+REAL = Path(__file__).parent / "fixtures" / "real"
+
+
+def test_sql_of_builds_before_august_2025_imports(tmp_path):
+    """llama-bench -o sql wrote its table as `test` until llama.cpp #15003 (August 2025) named it llama_bench."""
+    for src in sorted((REAL / "llama-bench-sql").glob("*.sql")):
+        lab = tmp_path / src.stem
+        devicelab("import-bench", src, "--device", "gpu", "--lab-dir", lab, check=True)
+        df = Ledger(ledger_path(lab)).rows_frame(recipe="imported")
+        speeds = df[df.metric.isin(["prefill_tps", "decode_tps"])]
+        assert sorted(speeds.test) == ["pp512", "tg128"], src.name
+        assert speeds.gpu_device.str.startswith("NVIDIA GeForce RTX").all(), src.name  # a 2023 record's "cuda" flag too
+
+
+@pytest.mark.parametrize(
+    "sql,why",
+    [
+        ("CREATE TABLE results (avg_ts REAL);\nINSERT INTO results VALUES (1);\n", "it creates a table ('results')"),
+        ("CREATE TABLE llama_bench (avg_ts REAL);\nPRAGMA writable_schema = 1;\n", "it runs a PRAGMA"),
+        ("CREATE TABLE test (avg_ts REAL);\nDELETE FROM test;\n", "it deletes rows ('test')"),
+        ("INSERT INTO llama_bench (avg_ts) VALUES (1);\n", "no such table: llama_bench"),
+    ],
+)
+def test_refused_sql_says_why_in_one_line(tmp_path, sql, why):
+    bad = tmp_path / "bad.sql"
+    bad.write_text(sql)
+    p = devicelab("import-bench", bad, "--device", "vm", "--lab-dir", tmp_path / "lab")
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert len(lines) == 1 and "not valid llama-bench SQL: " in lines[0] and why in lines[0], p.stderr
+    assert "not authorized" not in p.stderr
+
+
+def test_markdown_table_imports_with_its_rounded_sizes_left_empty(tmp_path):
+    """llama-bench's default output, as pasted in an issue (a comment on llama.cpp #4766): one cell per model type,
+    size and parameters (rounded to two decimals there) left empty and said so in the note."""
+    src = REAL / "llama-bench-md" / "pr4766-ggml-backend-rtx4090-2024.txt"
+    devicelab("import-bench", src, "--device", "rtx4090", "--lab-dir", tmp_path, check=True)
+    df = Ledger(ledger_path(tmp_path)).rows_frame(recipe="imported")
+    speeds = df[df.metric.isin(["prefill_tps", "decode_tps"])]
+    assert sorted(set(speeds.quant)) == ["f16", "q4_0", "q8_0"]
+    assert speeds.set_index(["quant", "test"]).value.to_dict() == {
+        ("f16", "pp512"): 11048.22,
+        ("f16", "tg128"): 61.03,
+        ("q8_0", "pp512"): 7664.00,
+        ("q8_0", "tg128"): 98.13,
+        ("q4_0", "pp512"): 7979.85,
+    }
+    assert speeds.model_bytes.isna().all() and speeds.n_params.isna().all() and speeds.bpw.isna().all()
+    assert speeds.base_note.str.contains("rounded").all() and (speeds.n_gpu_layers.astype(int) == 99).all()
+    assert df[df.metric == "test_seconds"].value.isna().all()  # no repetitions kept: unknown, not 0 s
 
 
 @pytest.fixture(scope="module")

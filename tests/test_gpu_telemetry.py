@@ -99,3 +99,28 @@ def test_nvidia_smi_csv(tmp_path):
     assert g["gpu_energy"].value == pytest.approx(0.1 * (118.52 + 402.10) / 2 + 0.1 * (402.10 + 455.77) / 2)
     assert g["gpu_freq_mean"].value == pytest.approx((345 + 1980 * 3) / 4 * 1e6)
     assert "nvidia-smi NVIDIA H200" in g["gpu_busy_mean"].test
+
+
+def test_nvidia_smi_rounds_of_several_gpus():
+    """The lab's own query on two GPUs: each GPU's row has its own timestamp; a round is the run of rows of distinct
+    GPUs, summed. A GPU's '[N/A]' leaves its round out of the sums (never a partial sum) and says why."""
+    head = NVSMI.splitlines()[0]
+    text = "\n".join(
+        [
+            head,
+            "2026/12/03 15:04:05.100, 0, NVIDIA H200, 100.00, 1000, 50, 40, 1980, 0x0000000000000000",
+            "2026/12/03 15:04:05.104, 1, NVIDIA H200, 200.00, 3000, 100, 45, 1980, 0x0000000000000000",
+            "2026/12/03 15:04:06.100, 0, NVIDIA H200, 300.00, 1000, 50, 41, 1980, 0x0000000000000000",
+            "2026/12/03 15:04:06.103, 1, NVIDIA H200, 400.00, 5000, 100, 46, 1980, 0x0000000000000000",
+            "2026/12/03 15:04:07.100, 0, NVIDIA H200, [N/A], 1000, 50, 41, 1980, 0x0000000000000000",
+            "2026/12/03 15:04:07.102, 1, NVIDIA H200, 400.00, 5000, 100, 46, 1980, 0x0000000000000000",
+        ]
+    )
+    s = nvidia_smi.parse(text, nvidia_smi.QUERY)
+    assert [x["round"] for x in s] == [0, 0, 1, 1, 2, 2] and s[4]["why"] == {"power_w": "nvidia-smi reports [N/A]"}
+    g = nvidia_smi.gpu_figures(s)
+    assert g["gpu_power_mean"][0] == pytest.approx((300 + 700) / 2)
+    assert g["gpu_energy"][0] == pytest.approx(1.0 * (300 + 700) / 2)
+    assert g["gpu_mem_peak"][0] == 6000 * 1024**2
+    none = nvidia_smi.gpu_figures(nvidia_smi.parse("\n".join(text.splitlines()[:1] + text.splitlines()[5:6])))
+    assert math.isnan(none["gpu_power_mean"][0]) and "[N/A] on NVIDIA H200" in none["gpu_power_mean"][1]

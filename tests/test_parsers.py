@@ -5,6 +5,7 @@ import math
 import pytest
 from conftest import FIXTURES
 
+from devicelab.errors import DevicelabError
 from devicelab.kinds import bench
 from devicelab.kinds import kld as perplexity
 from devicelab.schema import Row
@@ -71,6 +72,25 @@ def test_kld_of_identical_logits_has_nan_spread_not_missing_value():
     rows = {r.metric: r for r in perplexity.parse_kld(text, perplexity.KLDParams())}
     assert rows["ppl_ratio"].value == pytest.approx(1.0) and rows["ppl_ratio"].stddev is None
     assert rows["kld_mean"].value < 1e-5
+
+
+@pytest.mark.parametrize("sign", ["Â±", "┬▒", "+/-", "_", "?", "\ufffd"])
+def test_kld_read_where_the_plus_minus_did_not_survive(sign):
+    """A log through another encoding (llama.cpp #12557 published '_' for every '±'): the same figures, not a
+    partial row."""
+    text = (FIXTURES / "perplexity-kld-q4_k_m.txt").read_text()
+    want = {r.metric: (r.value, r.stddev) for r in perplexity.parse_kld(text, perplexity.KLDParams())}
+    got = perplexity.parse_kld(text.replace("±", sign).replace("Δp", "_p"), perplexity.KLDParams())
+    assert {r.metric: (r.value, r.stddev) for r in got} == want
+    assert not any(r.missing_reason for r in got)
+
+
+@pytest.mark.parametrize("sign", ["", "   "])
+def test_kld_with_its_sign_lost_is_refused_in_one_line(sign):
+    text = (FIXTURES / "perplexity-kld-q4_k_m.txt").read_text().replace("±", sign)
+    with pytest.raises(DevicelabError, match="does not read as figures") as e:
+        perplexity.parse_kld(text, perplexity.KLDParams())
+    assert "\n" not in str(e.value)
 
 
 def test_missing_value_needs_a_reason_and_unknown_metric_refused():

@@ -201,12 +201,28 @@ def test_battery_only_current_sign_and_units(tmp_path, shell):
     assert rows[("energy_per_token", "decode")].value == pytest.approx(rows[("energy", "decode")].value / 100)
 
 
-def test_current_unit_detection():
+def test_current_unit_comes_from_what_the_device_says_not_the_magnitude():
+    """No calibration: µA by the kernel ABI whatever the magnitude (976 is 976 µA on a phone on USB, not 976 mA),
+    unless the driver says otherwise: its own µA file beside current_now (Samsung's batt_current_ua_now), or other
+    files that break the ABI (a charge_now of 0 at 98 %: Samsung's charging mode; a voltage_now in mV) together with a
+    discharge too small for µA. Where that cannot be told, no unit (the power is missing until a counter calibrates)."""
     import pandas as pd
 
-    for raw, unit, amps in (([450_000, 460_000], "uA", 0.45), ([450, 460], "mA", 0.45), ([0.45, 0.46], "A", 0.45)):
-        a, u = power_supply.current_to_a(pd.Series(raw, dtype=float))
-        assert u == unit and a.iloc[0] == pytest.approx(amps)
+    d = "sys/class/power_supply/battery"
+
+    def unit(**cols):
+        df = pd.DataFrame({f"{d}/{k}": pd.Series(v) for k, v in cols.items()})
+        return power_supply.current_unit(df, d, df[f"{d}/current_now"].astype(float))[0]
+
+    for raw in ([976, 980], [-25_000], [450_000, 460_000]):  # the ABI's µA at any magnitude
+        assert unit(current_now=raw, voltage_now=[3_815_175] * len(raw), capacity=[44] * len(raw)) == "uA"
+    samsung = dict(current_now=[-191], voltage_now=[4_246_000], charge_now=[0], capacity=[98])
+    assert unit(**samsung, status=["Discharging"]) == "mA"
+    assert unit(**samsung, status=["Charging"]) is None  # breaks the ABI, and 191 could be µA or mA: unknown
+    assert unit(current_now=[-350], voltage_now=[3_900_000], batt_current_ua_now=[-350_000]) == "mA"
+    assert unit(current_now=[-350_000], voltage_now=[3_900_000], batt_current_ua_now=[-350_000]) == "uA"
+    assert unit(current_now=[450], voltage_now=[3_900], status=["Discharging"]) == "mA"  # a driver in mV
+    assert unit(current_now=[-350], voltage_now=[3_900_000], batt_current_ua_now=[-35_000]) is None
 
 
 @pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
@@ -222,6 +238,22 @@ def test_missing_sources_are_nan_with_reason_never_zero(tmp_path, shell):
     assert "no power source" in by["energy"].missing_reason
 
 
+def test_rapl_sums_packages_and_leaves_psys_out():
+    """psys (the platform: package, DRAM and more) is a top-level zone beside package-0 on recent Intel laptops:
+    summed with it, the package would count twice. It is the figure only where there is no package domain."""
+    import pandas as pd
+
+    from devicelab.telemetry.sources import rapl
+
+    pk, ps = "sys/class/powercap/intel-rapl:0", "sys/class/powercap/intel-rapl:1"
+    frame = pd.DataFrame({"tick": [0, 1], "t_s": [0.0, 1.0], f"{pk}/energy_uj": [0, 5e6], f"{ps}/energy_uj": [0, 9e6]})
+    meta = {pk: {"kind": "rapl", "name": "package-0"}, ps: {"kind": "rapl", "name": "psys"}}
+    e = rapl.package_energy(sampler_csv.SamplerTrace(frame, meta))
+    assert e.info["domains"] == [f"{pk}/energy_uj"] and e.values[-1] == pytest.approx(5.0)
+    only = rapl.package_energy(sampler_csv.SamplerTrace(frame.drop(columns=[f"{pk}/energy_uj"]), meta))
+    assert only.values[-1] == pytest.approx(9.0)
+
+
 def test_rapl_wrap_arithmetic():
     import pandas as pd
 
@@ -231,9 +263,8 @@ def test_rapl_wrap_arithmetic():
 
 @pytest.mark.parametrize("shell", SHELLS[:1], ids=lambda s: s[0])
 def test_charge_counter_calibration_beats_the_magnitude_guess(tmp_path, shell):
-    """A board idling at 8 mA: 8000 µA in current_now looks like 'mA' to a magnitude rule (8 A!).
+    """A board idling at 8 mA: 8000 µA in current_now looked like 'mA' to a magnitude rule (8 A!).
     The drop of charge_counter over the cell says µA, and the reported sign is the other way round."""
-    assert power_supply.current_to_a(__import__("pandas").Series([8000.0]))[1] == "mA"  # the rule alone is wrong
     w = Writer(tmp_path / "root", rapl=False, i0=-8000, k=0, charge_counter=True)
     tr = sample_while(w, shell, tmp_path / "root", tmp_path / "t.csv", seconds=3.0)
     t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
@@ -262,14 +293,15 @@ def test_calibration_from_charge_now_or_energy_now(tmp_path, counter):
 def test_a_cell_whose_counter_did_not_move_takes_the_device_calibration(tmp_path):
     """A short cell: the counter stands still (phones count in whole mAh), so the cell alone cannot tell
     µA from mA. The calibration an earlier cell of the same device made is used, and says where from;
-    without it the magnitude rule guesses (here wrongly: 8000 'mA')."""
+    without it the unit is the device's own (the ABI's µA: its voltage and counter follow the ABI), never a guess
+    from the magnitude (which read 8000 as 8 A)."""
     w = Writer(tmp_path / "root", rapl=False, i0=-8000, k=0, counter="charge_counter")
     w.frozen = True
     tr = sample_while(w, SHELLS[0], tmp_path / "root", tmp_path / "t.csv", seconds=1.0)
     t0, t1 = float(tr.frame["t_s"].iloc[0]), float(tr.frame["t_s"].iloc[-1])
     energy = lambda s: next(r for r in s.rows if r.metric == "energy" and r.phase == "cell").value
     guess = normalize.summarize(tr, [], (t0, t1))
-    assert guess.calibration["method"] == "magnitude+status" and guess.calibration["current_unit"] == "mA"
+    assert guess.calibration["method"] == "device units+status" and guess.calibration["current_unit"] == "uA"
     prior = {
         "source": "battery:sys/class/power_supply/battery",
         "current_unit": "uA",
@@ -282,11 +314,11 @@ def test_a_cell_whose_counter_did_not_move_takes_the_device_calibration(tmp_path
     s = normalize.summarize(tr, [], (t0, t1), prior_calibration=prior)
     assert s.calibration["method"] == "device calibration (charge_counter in cell c-earlier)"
     assert energy(s) == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01)
-    assert energy(guess) == pytest.approx(8 * 3.8 * (t1 - t0), rel=0.01), "the guess alone is 1000x off"
+    assert energy(guess) == pytest.approx(0.008 * 3.8 * (t1 - t0), rel=0.01), "the ABI's µA, not 1000x off"
     other = normalize.summarize(
         tr, [], (t0, t1), prior_calibration={**prior, "source": "battery:sys/class/power_supply/bms"}
     )
-    assert other.calibration["method"] == "magnitude+status", "another supply's calibration is not borrowed"
+    assert other.calibration["method"] == "device units+status", "another supply's calibration is not borrowed"
 
 
 def test_calibration_picks_ma_for_a_milliamp_vendor():

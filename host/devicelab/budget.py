@@ -79,10 +79,26 @@ def _int(facts: dict, key: str) -> int | None:
         return None
 
 
+MEMINFO = "dumpsys meminfo"
+# ' Free RAM: 3,503,356K (  380,348K cached pss + …)' (Android 7 and later), ' Free RAM: 1182598 kB (59686 cached
+# pss + …)' (Android 4.4–6: kB, no thousands separators), ' Free RAM:    4202440 kB' (no breakdown)
+_FREE_RAM = re.compile(r"Free RAM:\s*([\d,]+)\s*(?:K|kB)\b")
+
+
 def dumpsys_free_kb(text: str) -> int | None:
-    """`dumpsys meminfo`'s ' Free RAM: 3,503,356K (  380,348K cached pss + … + 709,220K free)' → kB."""
-    m = re.search(r"Free RAM:\s*([\d,]+)\s*K", text or "")
+    """`dumpsys meminfo`'s Free RAM line → kB (KiB: Android's K), in every format it has been printed in."""
+    m = _FREE_RAM.search(text or "")
     return int(m.group(1).replace(",", "")) if m else None
+
+
+def no_free_ram(facts: dict) -> str:
+    """Why the meminfo reading gave no free RAM (said where the budget falls back to MemAvailable)."""
+    if "mem.dumpsys_free" not in facts:
+        return f"no {MEMINFO} reading at first contact"
+    line = str(facts.get("mem.dumpsys_free") or "").strip()
+    if not line:
+        return f"{MEMINFO} printed no Free RAM line"
+    return f"{MEMINFO}'s Free RAM line not understood: {line[:80]!r}"
 
 
 def vm_stat_available(text: str) -> int | None:
@@ -122,11 +138,15 @@ def from_facts(facts: dict, override: int | None = None, fraction: float = 0.75)
         if free_kb:
             return Budget(
                 max(0, free_kb * 1024 - lmk),
-                "dumpsys meminfo",
+                MEMINFO,
                 f"free RAM (free + cached) {gib(free_kb * 1024)} at idle{less}",
             )
         if avail_kb:
-            return Budget(max(0, avail_kb * 1024 - lmk), "MemAvailable", f"{gib(avail_kb * 1024)} at idle{less}")
+            return Budget(
+                max(0, avail_kb * 1024 - lmk),
+                "MemAvailable",
+                f"{gib(avail_kb * 1024)} at idle{less} (fallback: {no_free_ram(facts)})",
+            )
         if total:
             c = ram_class_gb(total)
             return Budget(
@@ -155,7 +175,8 @@ def from_facts(facts: dict, override: int | None = None, fraction: float = 0.75)
 
 def battery(facts: dict) -> tuple[float | None, str]:
     """Full-charge capacity in Wh and how it was reckoned: energy_full (µWh), else charge_full (µAh) × the
-    voltage now (µV), else the Mac's AppleRawMaxCapacity (mAh) × Voltage (mV)."""
+    voltage now (µV), else the Mac's AppleRawMaxCapacity (mAh) × Voltage (mV) — or, on an Intel Mac without
+    AppleRaw* keys, its MaxCapacity, which is in mAh there (Apple silicon's MaxCapacity is a percent: 100)."""
     ef = _int(facts, "battery.energy_full")
     if ef:
         return ef / 1e6, f"energy_full {ef / 1e6:.2f} Wh"
@@ -167,4 +188,7 @@ def battery(facts: dict) -> tuple[float | None, str]:
     mah, mv = _int(facts, "battery.max_mah"), _int(facts, "battery.mv")
     if mah and mv:
         return mah / 1e3 * mv / 1e3, f"AppleRawMaxCapacity {mah} mAh × {mv / 1e3:.2f} V"
+    mx = _int(facts, "battery.max_capacity")
+    if mx and mx > 100 and mv:
+        return mx / 1e3 * mv / 1e3, f"MaxCapacity {mx} mAh (an Intel Mac's) × {mv / 1e3:.2f} V"
     return None, "no battery capacity readable"

@@ -7,8 +7,13 @@ from .transports.base import Transport
 
 def collect(t: Transport, kit_dir: str, root: str = "/") -> dict:
     r = t.run(["sh", f"{kit_dir}/facts.sh", t.workdir(), root], timeout=60)
-    facts: dict = {"transport": type(t).__name__}
-    for line in r.stdout.splitlines():
+    return parse(r.stdout, type(t).__name__)
+
+
+def parse(text: str, transport: str) -> dict:
+    """facts.sh's key=value lines → the facts dict (with the numbers the lab computes with)."""
+    facts: dict = {"transport": transport}
+    for line in text.splitlines():
         k, sep, v = line.partition("=")
         if sep:
             facts[k.strip()] = v.strip()

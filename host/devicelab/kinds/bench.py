@@ -14,7 +14,7 @@ from pydantic import Field, field_validator
 
 from .. import facts as factsmod
 from ..errors import DevicelabError
-from ..schema import Row
+from ..schema import Row, missing
 from ..telemetry.normalize import Phase
 from .base import Artifacts, Kind, KVType, Parsed, Prepared, SkipCell, Spec, register, timed_lines
 
@@ -171,7 +171,7 @@ def rows(tests: list[BenchTest]) -> list[Row]:
             common = dict(
                 test=bt.name,
                 phase=bt.kind,
-                threads=int(r["n_threads"]),
+                threads=int(r["n_threads"]) if r["n_threads"] is not None else None,  # a markdown table may not say
                 n_prompt=int(r["n_prompt"]),
                 n_gen=int(r["n_gen"]),
                 n_depth=int(r.get("n_depth") or 0),
@@ -182,7 +182,12 @@ def rows(tests: list[BenchTest]) -> list[Row]:
                 Row(metric=METRIC_FOR_KIND[bt.kind], value=float(r["avg_ts"]), stddev=sd, samples=samples, **common)
             )
             ns = r.get("samples_ns") or []
-            out.append(Row(metric="test_seconds", value=sum(ns) / 1e9, samples=[x / 1e9 for x in ns], **common))
+            if ns:
+                out.append(Row(metric="test_seconds", value=sum(ns) / 1e9, samples=[x / 1e9 for x in ns], **common))
+            else:  # -o csv / sql / md keep no repetitions: how long they took is not known, not zero
+                out.append(
+                    missing("test_seconds", "llama-bench's output keeps no repetitions (csv, sql, md)", **common)
+                )
         except (KeyError, TypeError, ValueError) as e:
             raise DevicelabError(
                 f"llama-bench printed a result line devicelab cannot read ({type(e).__name__}: "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -100,43 +101,107 @@ def kld_argv(bin_: str, model: str, logits: str, p: KLDParams) -> list[str]:
 
 
 _NUM = r"([-+]?(?:\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|nan|inf))"
-PATTERNS = {
-    "ppl": rf"Mean PPL\(Q\)\s*:\s*{_NUM}\s*±\s*{_NUM}",
-    "ppl_base": rf"Mean PPL\(base\)\s*:\s*{_NUM}\s*±\s*{_NUM}",
-    "ln_ppl_ratio": rf"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*{_NUM}\s*±\s*{_NUM}",
-    "ppl_ratio": rf"Mean PPL\(Q\)/PPL\(base\)\s*:\s*{_NUM}\s*±\s*{_NUM}",
-    "kld_mean": rf"Mean\s+KLD:\s*{_NUM}\s*±\s*{_NUM}",
-    "kld_max": rf"Maximum KLD:\s*{_NUM}",
-    "kld_p99": rf"99\.0%\s+KLD:\s*{_NUM}",
-    "kld_p90": rf"90\.0%\s+KLD:\s*{_NUM}",
-    "kld_median": rf"Median\s+KLD:\s*{_NUM}",
-    "rms_dp": rf"RMS Δp\s*:\s*{_NUM}\s*±\s*{_NUM}\s*%",
-    "same_top_p": rf"Same top p:\s*{_NUM}\s*±\s*{_NUM}\s*%",
+# the "±" between a figure and its spread, also as it arrives after passing through another encoding: "Â±"
+# (UTF-8 read as cp1252), "┬▒" (cp437), "_" or "?" (a console that could not show it), "�", or written "+/-"
+_PM = r"\s*(?:±|\+/-|\+-|[^\s\d.+\-]{1,3})\s*"
+# llama-perplexity's summary (April 2024 on: "====== KL divergence statistics ======"): metric -> (the line's label,
+# the figures after it). A label found with figures that do not read is refused, never dropped to a missing figure.
+LABELS = {
+    "ppl": (r"Mean PPL\(Q\)\s*:", rf"{_NUM}{_PM}{_NUM}"),
+    "ppl_base": (r"Mean PPL\(base\)\s*:", rf"{_NUM}{_PM}{_NUM}"),
+    "ln_ppl_ratio": (r"Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:", rf"{_NUM}{_PM}{_NUM}"),
+    "ppl_ratio": (r"Mean PPL\(Q\)/PPL\(base\)\s*:", rf"{_NUM}{_PM}{_NUM}"),
+    "kld_mean": (r"Mean\s+KLD:", rf"{_NUM}{_PM}{_NUM}"),
+    "kld_max": (r"Maximum KLD:", _NUM),
+    "kld_p99": (r"99\.0%\s+KLD:", _NUM),
+    "kld_p90": (r"90\.0%\s+KLD:", _NUM),
+    "kld_median": (r"Median\s+KLD:", _NUM),
+    "rms_dp": (r"RMS \S{0,4}p\s*:", rf"{_NUM}{_PM}{_NUM}\s*%"),  # "RMS Δp", mangled: "RMS _p", "RMS Î”p"
+    "same_top_p": (r"Same top p:", rf"{_NUM}{_PM}{_NUM}\s*%"),
 }
+# January-April 2024 builds (llama.cpp #5076/#5081): "===== KL-divergence statistics", "Average: m ± s", "KLD_99 : v";
+# perplexity, its ratio and the same-top fraction only in the per-chunk table, whose last row is the whole run's
+EARLY_LABELS = {
+    "kld_mean": (r"Average\s*:", rf"{_NUM}{_PM}{_NUM}"),
+    "kld_median": (r"Median\s*:", _NUM),
+    "kld_max": (r"Maximum\s*:", _NUM),
+    "kld_p99": (r"KLD_99\s*:", _NUM),
+    "kld_p90": (r"KLD_90\s*:", _NUM),
+}
+_PM1 = r"[ \t]*(?:±|\+/-|\+-|[^\s\d.+\-]{1,3})[ \t]*"  # _PM within one line
+EARLY_CHUNK = re.compile(
+    rf"^(?:[\d.]+\t)?[ \t]*(\d+)[ \t]+{_NUM}[ \t]+{_NUM}{_PM1}{_NUM}[ \t]+{_NUM}{_PM1}{_NUM}"
+    rf"(?:[ \t]+{_NUM}{_PM1}{_NUM})?[ \t]*$",
+    re.M,
+)
 PERCENT = {"rms_dp", "same_top_p"}
 FINAL = re.compile(rf"Final estimate: PPL = {_NUM} \+/- {_NUM}")
+NOT_PRINTED = "not printed by llama-perplexity"
+
+
+def _figures(text: str, labels: dict) -> dict[str, tuple[float, float | None] | str]:
+    """metric -> (value, spread) read off its labelled line, or why it is absent. A labelled line whose figures do not
+    read (a sign mangled beyond recognition, a cut line) raises: one line, never a partial row."""
+    out: dict[str, tuple[float, float | None] | str] = {}
+    for metric, (label, figures) in labels.items():
+        line = re.search(rf"(?:^|\t)[ \t]*({label}.*)$", text, re.M)  # a line, or a stdout.tsv's "time<TAB>line"
+        if not line:
+            out[metric] = NOT_PRINTED
+            continue
+        m = re.match(rf"{label}\s*{figures}", line.group(1))
+        if not m:
+            raise DevicelabError(
+                f"llama-perplexity's line {line.group(1).strip()!r} does not read as figures (its ± sign or digits "
+                "mangled, or the line cut?); give the log as llama-perplexity wrote it"
+            )
+        sd = float(m.group(2)) if m.lastindex and m.lastindex >= 2 else None
+        if sd is not None and sd != sd:  # llama-perplexity prints '-nan' for the spread of identical logits
+            sd = None
+        out[metric] = (float(m.group(1)), sd)
+    return out
+
+
+def _early(text: str) -> dict[str, tuple[float, float | None] | str]:
+    """The early-2024 summary and the per-chunk table's last row (cumulative over the run)."""
+    out = _figures(text, EARLY_LABELS)
+    rows = EARLY_CHUNK.findall(text)
+    why = "not printed by this llama-perplexity (early 2024 format)"
+    out.update({"ppl_base": why, "rms_dp": why})
+    if not rows:
+        out.update({k: "no per-chunk row in the log (early 2024 format)" for k in ("ppl", "ln_ppl_ratio", "ppl_ratio")})
+        out["same_top_p"] = out["ppl"]
+        return out
+    last = [float(x) for x in rows[-1][1:] if x != ""]
+    out["ppl"] = (last[0], None)
+    ln, ln_sd = last[1], last[2]
+    out["ln_ppl_ratio"] = (ln, ln_sd)
+    # what later builds print as "Mean PPL(Q)/PPL(base)", by llama-perplexity's own formula: exp(ln), its spread × ln's
+    out["ppl_ratio"] = (math.exp(ln), math.exp(ln) * ln_sd)
+    # "Same top" (a fraction here, a percentage later) is a column added by #5081; #5076's table has none
+    out["same_top_p"] = (last[5] * 100, last[6] * 100) if len(last) == 7 else why  # as a percentage, like later
+    return out
 
 
 def parse_kld(text: str, p: KLDParams) -> list[Row]:
-    if "KL divergence statistics" not in text and "Mean    KLD" not in text:
+    early = "===== KL-divergence statistics" in text and "Mean    KLD" not in text
+    if "KL divergence statistics" not in text and "Mean    KLD" not in text and not early:
         tail = "\n".join(text.strip().splitlines()[-3:])
         raise DevicelabError(f"llama-perplexity printed no KL divergence statistics ({tail[:200]})")
+    figures = _early(text) if early else _figures(text, LABELS)
+    if not early and figures["kld_p90"] == NOT_PRINTED and len(re.findall(r"99\.0%\s+KLD:", text)) > 1:
+        # builds of April 2024 to September 2025 print the 99th percentile twice where the 90th belongs (#15999)
+        figures["kld_p90"] = "not printed by this llama-perplexity (it prints 99.0% twice instead, llama.cpp #15999)"
     out = []
     gpu = gpu_from_log(text)
     if "n_gpu_layers" not in gpu and p.n_gpu_layers is not None:
         gpu["n_gpu_layers"] = p.n_gpu_layers  # as asked: the tool's log line saying so can be lost
-    for metric, pat in PATTERNS.items():
-        m = re.search(pat, text)
-        common = dict(
-            test=f"kld@c{p.ctx}x{p.chunks}", phase="perplexity", ctx=p.ctx, n=p.chunks, threads=p.threads, **gpu
-        )
-        if not m:
-            out.append(missing(metric, "not printed by llama-perplexity", **common))
+    common = dict(test=f"kld@c{p.ctx}x{p.chunks}", phase="perplexity", ctx=p.ctx, n=p.chunks, threads=p.threads, **gpu)
+    for metric in LABELS:
+        got = figures[metric]
+        if isinstance(got, str):
+            out.append(missing(metric, got, **common))
             continue
-        v = float(m.group(1))
-        sd = float(m.group(2)) if m.lastindex and m.lastindex >= 2 else None
-        if sd is not None and sd != sd:  # llama-perplexity prints '-nan' for the spread of identical logits
-            sd = None
+        v, sd = got
         if metric in PERCENT:
             v, sd = v / 100, (sd / 100 if sd is not None else None)
         out.append(Row(metric=metric, value=v, stddev=sd, **common))
@@ -242,7 +307,7 @@ class KLD(Kind):
 
     def complete(self, run, out):
         text = out.stdout + "\n" + out.stderr
-        return "KL divergence statistics" in text or "Mean    KLD" in text
+        return "KL divergence statistics" in text or "Mean    KLD" in text or "KL-divergence statistics" in text
 
     def parse(self, a: Artifacts) -> Parsed:
         kp = _params(a.params, a.facts)

@@ -71,17 +71,20 @@ def power_source(tr: SamplerTrace, prior: dict | None = None) -> Energy | None:
 def gpu_rows(tr: SamplerTrace, beside: dict | None = None) -> list[Row]:
     """The cell's GPU figures, SI units, from the sampler's GPU sources and those beside the payload (`beside`:
     their samples by source): power (mean W) and energy (J), peak memory (B), busy share, peak temperature,
-    mean clock. What no source gives is NaN with the reason."""
+    mean clock. What no source gives is NaN with the reason (a source may give (NaN, why): the device marks
+    the figure unsupported)."""
     beside = beside or {}
     vals: dict[str, tuple[float, str]] = {}
-    for s in SOURCES:  # a later source's figure replaces an earlier's
-        vals.update(s.gpu(tr, beside.get(s.name)))
+    for s in SOURCES:  # a later source's figure replaces an earlier's; a (NaN, why) never replaces a figure
+        for m, (v, what) in s.gpu(tr, beside.get(s.name)).items():
+            if not math.isnan(v) or m not in vals or math.isnan(vals[m][0]):
+                vals[m] = (v, what)
     out = []
     for m in ("gpu_power_mean", "gpu_energy", "gpu_mem_peak", "gpu_busy_mean", "gpu_temp_max", "gpu_freq_mean"):
-        if m in vals:
+        if m in vals and not math.isnan(vals[m][0]):
             out.append(Row(metric=m, value=vals[m][0], phase="cell", test=vals[m][1]))
         else:
-            out.append(missing(m, NO_GPU, phase="cell"))
+            out.append(missing(m, vals[m][1] if m in vals else NO_GPU, phase="cell"))
     return out
 
 
@@ -146,7 +149,10 @@ def _phase_energy(src: Energy | None, ph: Phase) -> list[Row]:
     if src is None:
         per_token = [missing("energy_per_token", NO_POWER, **kw)] if ph.tokens else []
         return [missing("energy", NO_POWER, **kw), *per_token]
-    kind, t, v, _ = src
+    kind, t, v, info = src
+    if info.get("missing"):  # the source is there but its figures cannot be told (e.g. a current of unknown unit)
+        per_token = [missing("energy_per_token", info["missing"], **kw)] if ph.tokens else []
+        return [missing("energy", info["missing"], **kw), *per_token]
     e = interp_energy(t, v, ph.start, ph.end) if kind == "energy" else integrate_power(t, v, ph.start, ph.end)
     dur = ph.end - ph.start
     if math.isnan(e) or dur <= 0:

@@ -304,7 +304,9 @@ PATTERNS: tuple[tuple[str, str], ...] = (
     (r'No Account for Team|requires a development team|No signing certificate "iOS Development"', "no team"),
     (r"No profiles for '[^']*' were found|provisioning profile", "no profile"),
     (
-        r"is not installed|returned nil for|FBSOpenApplicationErrorDomain error 4|No application .* installed",
+        # OSStatus -10814 is LaunchServices' kLSApplicationNotFoundErr: no app with that bundle identifier
+        r"is not installed|returned nil for|FBSOpenApplicationErrorDomain error 4|No application .* installed"
+        r"|OSStatus error -10814|NSOSStatusErrorDomain error -10814",
         "not installed",
     ),
     (r"specified device was not found|No devices? (?:matched|found)|device is not connected", "not found"),
@@ -333,9 +335,13 @@ def first_error(text: str) -> str:
 
 
 # ---------------------------------------------------------------- the console of a launched app
-# devicectl's own lines around an app's output (progress with a time stamp, the launch and wait notes)
+# devicectl's own lines around an app's output: its progress, each with a time stamp (the CoreDevice tunnel being
+# acquired, established and its endpoint resolved, DDI services enabled, the usage assertion acquired or granted),
+# and the launch and wait notes. Seen in real output: "10:04:12  Acquired tunnel connection to device.",
+# "07:49:04  Establishing a tunnel connection to the device.", "07:49:05  Resolved tunnel endpoint.",
+# "07:49:03  Enabling developer mode throttling override." (tests/fixtures/real/devicectl-console/)
 _OWN = re.compile(
-    r"^(?:\d\d:\d\d:\d\d\s+(?:Acquired|Enabling|Waiting|Launched|Warning)\b.*"
+    r"^(?:\d\d:\d\d:\d\d\s+(?:Acquired|Enabling|Establishing|Resolved|Granted|Waiting|Launched|Warning)\b.*"
     r"|Launched application with .* bundle identifier\.?"
     r"|Waiting for the application to terminate.*"
     r"|App terminated due to (?:signal|exit).*"
@@ -355,22 +361,37 @@ def jetsam_names(listing_json: str) -> list[str]:
     return sorted(set(re.findall(r"JetsamEvent-[A-Za-z0-9_.:+-]*?\.ips", listing_json or "")))
 
 
-def jetsam_footprint_mb(report: str, process: str) -> float | None:
-    """How much memory `process` held when iOS killed it, in MB, from a JetsamEvent .ips report (a JSON header
-    line, then the JSON body: processes[] with name, rpages and reason; pageSize)."""
-    text = report or ""
-    body_text = text.split("\n", 1)[1] if text.lstrip().startswith("{") and "\n" in text.strip() else text
-    try:
-        body = json.loads(body_text)
-    except json.JSONDecodeError:
+def _jetsam_body(report: str) -> dict | None:
+    """The JSON body of a JetsamEvent .ips report (a one-line JSON header, then the body), or None."""
+    text = (report or "").strip()
+    for candidate in (text.split("\n", 1)[1] if "\n" in text else "", text):
         try:
-            body = json.loads(text)
+            body = json.loads(candidate)
         except json.JSONDecodeError:
-            return None
-    page = _int(body.get("pageSize")) or 16384
-    for p in body.get("processes") or []:
-        if p.get("name") == process and p.get("reason"):
-            rpages = _int(p.get("rpages"))
-            if rpages is not None:
-                return rpages * page / 2**20
+            continue
+        if isinstance(body, dict) and isinstance(body.get("processes"), list):
+            return body
     return None
+
+
+def jetsam_kills(report: str) -> list[tuple[str, str, float | None]] | None:
+    """The processes a JetsamEvent .ips report says iOS killed: (name, reason, resident MB = rpages × the page size
+    the report states, in memoryStatus.pageSize: 16 KiB on A9 and later, 4 KiB on older SoCs); None when the text is
+    not a whole report (an excerpt, another bug_type)."""
+    body = _jetsam_body(report)
+    if body is None:
+        return None
+    page = _int((body.get("memoryStatus") or {}).get("pageSize")) or _int(body.get("pageSize"))
+    out = []
+    for p in body["processes"]:
+        if isinstance(p, dict) and p.get("reason"):
+            rpages = _int(p.get("rpages"))
+            mb = rpages * page / 2**20 if rpages is not None and page else None
+            out.append((str(p.get("name", "")), str(p["reason"]), mb))
+    return out
+
+
+def jetsam_footprint_mb(report: str, process: str) -> float | None:
+    """How much memory `process` held when iOS killed it, in MB (2^20 bytes), from a JetsamEvent .ips report (a JSON
+    header line, then the JSON body: processes[] with name, rpages and reason; memoryStatus.pageSize)."""
+    return next((mb for name, _, mb in jetsam_kills(report) or [] if name == process), None)

@@ -17,44 +17,118 @@ UNPLUGGED = "battery-unplugged"  # the ledger's device fact: set while a cell ha
 ANDROID_BATTERY_STATUS = {1: "unknown", 2: "charging", 3: "discharging", 4: "not-charging", 5: "full"}
 
 
+# A phone's or tablet's battery, full, in mAh: what a charge counter can imply (rugged phones reach 22,000 mAh)
+PLAUSIBLE_FULL_MAH = (500.0, 30_000.0)
+# a lithium cell's terminal voltage (V): where a counter in a vendor's mAh is believed (the ABI's µAh needs no check)
+CELL_VOLTS = (2.5, 4.6)
+# Temperature.java: BCL (battery current limiting) monitors the thermal HAL lists among its temperatures — volts,
+# milliamps, percent — are not temperatures
+NOT_TEMPERATURE_TYPES = {6: "BCL_VOLTAGE", 7: "BCL_CURRENT", 8: "BCL_PERCENTAGE"}
+
+
 def battery(text: str) -> dict:
-    """Android BatteryService dump. voltage is mV, temperature deci-°C, Charge counter µAh."""
+    """Android BatteryService dump (BatteryService.dumpInternal): voltage mV, temperature deci-°C, `Charge counter`
+    batteryChargeCounterUah (µAh by the health HAL's contract). Figures in SI units; a figure the device does not
+    support is None with its reason under `missing` (never a measured zero):
+
+    - `Charge counter: 0` (or absent): the HAL has no counter (tests/fixtures/real/dumpsys-battery/pixel-c-…);
+    - `voltage: 0`: no voltage reading; `temperature: 0` with no voltage either: no battery readings at all
+      (…/appium-2016-no-readings); a temperature of 0 beside a real voltage is kept (a cold phone);
+    - `present: false`: no battery, every battery figure is missing;
+    - the counter's unit, decided by what the device says: µAh unless the full charge it implies (counter / level)
+      is impossible for a battery (< 500 mAh) while as mAh it is plausible (500–30,000 mAh) on a lithium cell's
+      voltage — a vendor HAL in mAh (…/redmi-note-14-hyperos3: 4274 at 80 % on a 5,500 mAh phone is 5.3 Ah as
+      mAh, 5.3 mAh as µAh). Plausible in neither: missing (…/emulator-avd-2021: 10000 at 100 % beside 5.0 V)."""
     kv = kv_lines(text)
     num = lambda k: float(kv[k]) if k in kv and re.fullmatch(r"-?\d+(\.\d+)?", kv[k]) else None  # noqa: E731
     status = int(num("status")) if num("status") is not None else None
     plugged = any(kv.get(k) == "true" for k in ("AC powered", "USB powered", "Wireless powered", "Dock powered"))
-    out = {
+    level = (num("level") / num("scale")) if num("level") is not None and num("scale") else None
+    volts, deci = num("voltage"), num("temperature")
+    missing: dict[str, str] = {}
+    if kv.get("present") == "false":
+        missing.update(dict.fromkeys(("battery_level", "battery_voltage", "battery_temp", "charge_counter_c"),
+                                     "no battery present (present: false)"))  # fmt: skip
+    if volts == 0:
+        missing.setdefault("battery_voltage", "not supported by this device (voltage: 0)")
+    if deci == 0 and not volts:
+        missing.setdefault("battery_temp", "not supported by this device (temperature: 0, and no voltage either)")
+    for k, raw, reason in (
+        ("battery_voltage", volts, "no voltage line"),
+        ("battery_temp", deci, "no temperature line"),
+    ):
+        if raw is None:
+            missing.setdefault(k, reason)
+    counter = None
+    if "charge_counter_c" not in missing:
+        counter, why = _charge_counter_c(num("Charge counter"), level, volts / 1e3 if volts else None)
+        if counter is None:
+            missing["charge_counter_c"] = why
+    value = {"battery_level": level, "battery_voltage": volts / 1e3 if volts is not None else None,
+             "battery_temp": deci / 10 if deci is not None else None, "charge_counter_c": counter}  # fmt: skip
+    return {
         "plugged": plugged,
         "updates_stopped": "UPDATES STOPPED" in text,  # after `dumpsys battery unplug`
         "status": ANDROID_BATTERY_STATUS.get(status, str(status)) if status is not None else None,
-        "battery_level": (num("level") / num("scale")) if num("level") is not None and num("scale") else None,
-        "battery_voltage": num("voltage") / 1e3 if num("voltage") is not None else None,
-        "battery_temp": num("temperature") / 10 if num("temperature") is not None else None,
-        "charge_counter_c": num("Charge counter") * 3.6e-3 if num("Charge counter") is not None else None,
+        **{k: (None if k in missing else v) for k, v in value.items()},
         "technology": kv.get("technology"),
+        "missing": missing,
     }
-    return out
+
+
+def _charge_counter_c(raw: float | None, level: float | None, volts: float | None) -> tuple[float | None, str]:
+    """`Charge counter` in coulombs and, when it cannot be had, why (see `battery`)."""
+    if raw is None:
+        return None, "not reported (no Charge counter line)"
+    if raw <= 0:
+        return None, f"not supported by this device (Charge counter: {raw:g})"
+    if not level or level < 0.05:
+        return raw * 3.6e-3, ""  # too little charge to tell the unit by: the contract's µAh
+    lo, hi = PLAUSIBLE_FULL_MAH
+    full_if_uah, full_if_mah = raw / 1e3 / level, raw / level
+    cell = volts is not None and CELL_VOLTS[0] <= volts <= CELL_VOLTS[1]
+    if lo <= full_if_uah <= hi:
+        return raw * 3.6e-3, ""  # µAh → C
+    if full_if_uah < lo and lo <= full_if_mah <= hi and cell:
+        return raw * 3.6, ""  # mAh → C (a vendor HAL's unit)
+    return None, (
+        f"implausible in either unit: Charge counter {raw:g} at {level:.0%} implies a full charge of "
+        f"{full_if_uah:.3g} mAh as µAh, {full_if_mah:.0f} mAh as mAh"
+        + ("" if cell else f" (and {volts} V is no lithium cell's voltage)")
+    )
 
 
 _TEMP = re.compile(
-    r"Temperature\{mValue=(?P<v>-?[\d.]+), mType=(?P<t>-?\d+), mName=(?P<n>[^,]+), mStatus=(?P<s>-?\d+)\}"
+    r"Temperature\{mValue=(?P<v>-?[\d.]+(?:E-?\d+)?|NaN), mType=(?P<t>-?\d+), mName=(?P<n>[^,]+), "
+    r"mStatus=(?P<s>-?\d+)\}"
 )
 
 
-def thermalservice(text: str) -> dict:
-    """Android ThermalManagerService dump: the overall thermal status (0 none … 6 shutdown) and the HAL's
-    current temperatures (°C)."""
-    m = re.search(r"Thermal Status:\s*(-?\d+)", text)
+def _hal_section(text: str) -> str:
+    """The HAL's current temperatures (up to the next header line: `Current cooling devices from HAL:` …); without
+    that section (HAL not ready), the whole dump less its `Cached temperatures` (the last ones notified: stale)."""
     cur = text.split("Current temperatures from HAL:", 1)
-    section = cur[1].split("Current cooling devices", 1)[0] if len(cur) == 2 else text
+    if len(cur) == 2:
+        return re.split(r"^\s*[A-Za-z][^{}\n]*:\s*$", cur[1], maxsplit=1, flags=re.M)[0]
+    return re.sub(r"Cached temperatures:[ \t]*\n(?:[ \t]*Temperature\{[^\n]*\n?)*", "", text)
+
+
+def thermalservice(text: str) -> dict:
+    """Android ThermalManagerService dump: the overall thermal status (0 none … 6 shutdown) and the HAL's current
+    temperatures (°C). The maximum counts only temperatures: entries of the BCL types (Temperature.TYPE_BCL_VOLTAGE,
+    _CURRENT, _PERCENTAGE: volts, milliamps, percent) are listed but not counted (a Tensor Pixel lists a GPU
+    current limit of 11900 among them), nor are values below absolute zero (a HAL's -FLT_MAX for 'no reading')."""
+    m = re.search(r"Thermal Status:\s*(-?\d+)", text)
     temps = [
         {"name": t["n"], "type": int(t["t"]), "value": float(t["v"]), "status": int(t["s"])}
-        for t in _TEMP.finditer(section)
+        for t in _TEMP.finditer(_hal_section(text))
     ]
+    for t in temps:
+        t["temperature"] = t["type"] not in NOT_TEMPERATURE_TYPES and t["value"] >= -273.15
     return {
         "thermal_status": int(m.group(1)) if m else None,
         "temperatures": temps,
-        "temp_max": max((t["value"] for t in temps), default=None),
+        "temp_max": max((t["value"] for t in temps if t["temperature"]), default=None),
     }
 
 
@@ -78,6 +152,7 @@ def _battery_rows(d: dict) -> list[tuple[str, float]]:
 
 
 BATTERY, THERMAL, POWER = "dumpsys-battery", "dumpsys-thermalservice", "dumpsys-power"
+MEMINFO = "dumpsys-meminfo"  # not a snapshot: the RAM budget reads its Free RAM at first contact (budget.py)
 
 
 class ChargingHygiene:

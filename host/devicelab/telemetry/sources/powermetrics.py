@@ -1,11 +1,13 @@
 """macOS powermetrics (Apple silicon): where the SSH user may run it (it needs root: as root, or by a NOPASSWD
 sudoers rule), run_payload.sh runs it beside the payload into powermetrics.plist — the SoC energy model's CPU,
 GPU and ANE energy, thermal pressure and the clusters' clocks. A Mac has no sysfs and no sub-second device clock:
-its figures cover the whole cell."""
+its figures cover the whole cell. powermetrics' default text output (what people paste, what an older runner or
+a user's own capture holds) is read into the same samples; on an Intel Mac it gives the package power only."""
 
 from __future__ import annotations
 
 import plistlib
+import re
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +78,9 @@ def parse(raw: bytes) -> list[dict]:
     bytes. Per sample: its length (elapsed_ns), the SoC energy model's CPU, GPU and ANE energy over it
     (processor.cpu_energy / gpu_energy / ane_energy, mJ; the GPU's may sit in the gpu dict) or, without those,
     combined_power (mW) × length; thermal_pressure; each CPU cluster's clock (freq_hz). A sample cut off by the
-    stop (the last, half-written) is skipped."""
+    stop (the last, half-written) is skipped. A capture in powermetrics' text format is read by parse_text."""
+    if b"<plist" not in raw and b"system activity (" in raw:
+        return parse_text(raw.decode("utf-8", "replace"))
     out = []
     for chunk in raw.split(b"\0"):
         chunk = chunk.strip()
@@ -89,6 +93,69 @@ def parse(raw: bytes) -> list[dict]:
         s = _sample(d)
         if s is not None:
             out.append(s)
+    return out
+
+
+# `*** Sampled system activity (Tue Nov 28 14:37:01 2023 +0100) (1006.50ms elapsed) ***` (or `Summary …`, the
+# whole run's averages with --show-summary)
+_HEAD = re.compile(r"^\*\*\* (?:Sampled|Summary) system activity \(.*\) \(([\d.]+)\s*ms elapsed\) \*\*\*", re.M)
+_POWER = re.compile(
+    r"^(CPU|GPU|ANE|Combined|Package) Power(?: \(CPU \+ GPU \+ ANE\))?:\s*([\d.]+)\s*(mW|W)\s*$"
+    r"|^Intel energy model derived package power \(CPUs\+GT\+SA\):\s*([\d.]+)\s*(mW|W)\s*$",
+    re.M,
+)
+_CLUSTER = re.compile(r"^(\S+-Cluster) HW active frequency:\s*([\d.]+)\s*MHz", re.M)
+_INTEL_CLOCK = re.compile(
+    r"^System Average frequency as fraction of nominal:\s*[\d.]+%\s*\(([\d.]+)\s*Mhz\)", re.M | re.I
+)
+_PRESSURE = re.compile(r"^Current pressure level:\s*(\w+)", re.M)
+
+
+def parse_text(text: str) -> list[dict]:
+    """powermetrics' default text output (`powermetrics -s cpu_power,gpu_power,thermal`, or the default samplers)
+    into the samples parse() gives: per `*** Sampled system activity (…) (N ms elapsed) ***` block, its length;
+    `CPU Power: N mW`, `GPU Power`, `ANE Power` (the first of each: the GPU sampler repeats `GPU Power`) as energy
+    over the block; without them `Combined Power (CPU + GPU + ANE)` or macOS 12's `Package Power`, or an Intel Mac's
+    `Intel energy model derived package power (CPUs+GT+SA): 2.52W` × the length; `Current pressure level`; each
+    cluster's `HW active frequency` (an Intel Mac: the `System Average frequency`). A block with no power line (a
+    tasks-only block, a sample cut off) gives no sample."""
+    heads = list(_HEAD.finditer(text))
+    out = []
+    for i, h in enumerate(heads):
+        body = text[h.end() : heads[i + 1].start() if i + 1 < len(heads) else len(text)]
+        dt = float(h.group(1)) / 1e3
+        if dt <= 0:
+            continue
+        watts: dict[str, float] = {}
+        for m in _POWER.finditer(body):
+            name = (m.group(1) or "Intel").lower()
+            value, unit = (m.group(2), m.group(3)) if m.group(1) else (m.group(4), m.group(5))
+            watts.setdefault(name, float(value) / (1e3 if unit == "mW" else 1.0))
+        if not watts:
+            continue
+        parts = {k: watts.get(k) for k in ("cpu", "gpu", "ane")}
+        if any(v is not None for v in parts.values()):
+            energy, how = sum(v for v in parts.values() if v is not None) * dt, "energy"
+        elif "combined" in watts or "package" in watts:
+            energy, how = watts.get("combined", watts.get("package")) * dt, "combined_power"
+        else:
+            energy, how = watts["intel"] * dt, "package_power"
+        tp = _PRESSURE.search(body)
+        clusters = {m.group(1): float(m.group(2)) * 1e6 for m in _CLUSTER.finditer(body)}
+        if not clusters and (ic := _INTEL_CLOCK.search(body)):
+            clusters = {"System": float(ic.group(1)) * 1e6}
+        out.append(
+            {
+                "elapsed_s": dt,
+                "energy_j": energy,
+                "energy_from": how,
+                "cpu_j": parts["cpu"] * dt if parts["cpu"] is not None else None,
+                "gpu_j": parts["gpu"] * dt if parts["gpu"] is not None else None,
+                "ane_j": parts["ane"] * dt if parts["ane"] is not None else None,
+                "thermal_pressure": THERMAL_PRESSURE.get(tp.group(1).lower()) if tp else None,
+                "cluster_hz": clusters,
+            }
+        )
     return out
 
 

@@ -13,8 +13,18 @@ from .base import Energy, ProbeView, Source, folder_meta
 DOMAIN_COLS = r"sys/class/powercap/(intel-rapl/)?intel-rapl:\d+/energy_uj"
 
 
-def package_energy(tr: SamplerTrace, prior: dict | None = None) -> Energy | None:
+def package_columns(tr: SamplerTrace) -> list[str]:
+    """The top-level zones to sum: the package domains. A psys zone (the whole platform, package and DRAM and more;
+    a top-level zone beside package-N on recent Intel laptops) would count the package twice: it is used only where
+    there is no package domain."""
     cols = tr.columns(DOMAIN_COLS)
+    named = [(c, folder_meta(tr, c).get("name", "")) for c in cols]
+    packages = [c for c, n in named if n != "psys"]
+    return packages or cols
+
+
+def package_energy(tr: SamplerTrace, prior: dict | None = None) -> Energy | None:
+    cols = package_columns(tr)
     if not cols:
         return None
     df = tr.frame
