@@ -146,3 +146,30 @@ def test_an_older_tree_builds_the_tools_it_defines(tmp_path):
     src = Source(old, "1" * 40, "t")
     assert cache.buildable(src, targets.TOOLS) == ("llama-bench", "llama-quantize")
     assert cache.buildable(Source(tmp_path / "nothing", "2" * 40, "t"), targets.TOOLS) == targets.TOOLS
+
+
+def test_the_host_build_leaves_out_ggml_amx_kernels_where_the_cpu_has_amx(monkeypatch):
+    """ggml's AMX kernels crash on quantized models at the pinned commit (targets.NO_AMX says where it was seen)."""
+    monkeypatch.setattr(targets, "host_cpu_flags", lambda: {"avx512f", "avx512_vnni", "amx_tile", "amx_int8"})
+    f = targets.local_native().flags
+    assert f["GGML_NATIVE"] == "ON" and f["CMAKE_C_FLAGS"] == f["CMAKE_CXX_FLAGS"] == targets.NO_AMX
+    monkeypatch.setattr(targets, "host_cpu_flags", lambda: {"avx2", "fma"})
+    assert "CMAKE_C_FLAGS" not in targets.local_native().flags  # other hosts: flags (and build keys) unchanged
+
+
+def test_a_phones_lab_entry_cpu_features_pick_its_build(monkeypatch):
+    """A phone's default target (no `target:` in its lab entry) takes the lab file's cpu_features as a board's does,
+    so a phone and a board with the same features share one build (before, the phone's came from facts alone)."""
+    from types import SimpleNamespace
+
+    from devicelab.runner.session import target_for
+    from devicelab.transports.adb import ADBTransport
+
+    monkeypatch.setattr(targets, "find_ndk", lambda: None)
+    phone = SimpleNamespace(default_target=lambda d, f: ADBTransport.default_target(None, d, f))
+    x86_facts = {"cpu.features": "fpu sse2 avx2"}  # a phone peer on this host reads the host's own cpuinfo
+    got, _ = target_for(phone, SimpleNamespace(target=None, cpu_features="fp asimd asimddp"), x86_facts)
+    board, _ = target_for(phone, SimpleNamespace(target="aarch64", cpu_features="fp asimd asimddp"), x86_facts)
+    assert got.name == board.name == "aarch64-linux-static-armv8.2-a_dotprod" and got.flags == board.flags
+    bare, _ = target_for(phone, SimpleNamespace(target=None, cpu_features=None), x86_facts)
+    assert bare.flags["GGML_CPU_ARM_ARCH"] == "armv8-a"  # no override: what its facts say

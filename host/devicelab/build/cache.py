@@ -20,7 +20,7 @@ from .. import paths
 from ..errors import DevicelabError
 from ..proc import tail
 from .source import Source
-from .targets import Target, check_toolchain
+from .targets import Target, check_toolchain, host_cpu_flags
 
 MANIFEST = "devicelab-build.json"
 MIN_FREE_BYTES = 2 * 1024**3
@@ -63,13 +63,7 @@ def compiler_id(t: Target) -> str:
 
 
 def cpu_features() -> list[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return sorted(set(line.split(":", 1)[1].split()))
-    except OSError:
-        pass
-    return []
+    return sorted(host_cpu_flags())
 
 
 def tree_flags(src: Source) -> dict[str, str]:
@@ -168,7 +162,7 @@ def _build(src: Source, t: Target, tools, jobs, progress) -> Build:
     check_disk("a llama.cpp build")
     d.mkdir(parents=True, exist_ok=True)
     env, launcher = compile_env()
-    configure = ["cmake", "-S", str(src.path), "-B", str(d)]
+    configure = ["cmake", "-S", str(source_link(d, src.path)), "-B", str(d)]
     configure += [f"-D{k}={v}" for k, v in {**build_flags(src, t), **launcher}.items()]
     compile_ = ["cmake", "--build", str(d), "-j", str(jobs or os.cpu_count() or 2), "--target", *tools]
     log = d / "build.log"
@@ -196,6 +190,26 @@ def check_disk(what: str) -> None:
             f"not enough disk for {what}: {free / 1e9:.1f} GB free in {paths.home()}, "
             f"need {MIN_FREE_BYTES / 1e9:.0f} GB; free space or set DEVICELAB_HOME elsewhere"
         )
+
+
+SOURCE_LINK = "_src"
+
+
+def source_link(binary_dir: Path, tree: Path) -> Path:
+    """The tree as a build compiles it: a symlink inside its binary folder. Every build then names its sources
+    `../_src/…` relative to where it compiles (ccache's base_dir makes the paths relative), so a build of another
+    folder — bisect's worktree, an older release's tree, a copy — hits ccache for every file that did not change.
+    CMake keeps the symlinked path as given; a folder configured from another path starts its cache anew."""
+    binary_dir.mkdir(parents=True, exist_ok=True)
+    link = binary_dir / SOURCE_LINK
+    if link.is_symlink() and Path(os.readlink(link)) != Path(tree):
+        link.unlink()
+    if not link.is_symlink():
+        link.symlink_to(Path(tree), target_is_directory=True)
+    cached = binary_dir / "CMakeCache.txt"
+    if cached.exists() and f"CMAKE_HOME_DIRECTORY:INTERNAL={link}\n" not in cached.read_text(errors="replace"):
+        cached.unlink()  # configured from another path (an earlier layout): CMake refuses to reuse it
+    return link
 
 
 def compile_env() -> tuple[dict, dict]:

@@ -133,7 +133,7 @@ def _build_linux(src: Source, t: Target, key: str, ident: dict, d: Path, jobs, p
     d.mkdir(parents=True, exist_ok=True)
     env, launcher = cache.compile_env()
     defs = {
-        "DEVICELAB_LLAMA_SRC": str(src.path),
+        "DEVICELAB_LLAMA_SRC": str(cache.source_link(llama_binary_dir(d), src.path)),
         "DEVICELAB_LLAMA_BINARY_DIR": str(llama_binary_dir(d)),
         **cache.build_flags(src, t),
         **launcher,

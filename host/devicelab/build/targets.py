@@ -60,12 +60,32 @@ class Target:
         return out
 
 
+# ggml's AMX kernels (compiled in by -march=native wherever the CPU has AMX) crash on quantized models at the
+# pinned commit: SIGSEGV in ggml_backend_amx_mul_mat on SmolLM2 q4_0 and q8_0 on a Xeon with amx_int8 (seen here,
+# while AMX itself ran a tile multiply correctly), as in llama.cpp issue #20824 (open, unfixed) and dspy PR #10079
+# (which removed ggml's AMX variant from its CI for the same crash). Explicit -mno-* flags win over -march=native.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+
+
+def host_cpu_flags() -> set[str]:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
 def local_native() -> Target:
+    """This host's own build (-march=native), without ggml's AMX kernels where the CPU has AMX (see NO_AMX)."""
     arch = platform.machine().lower()
     system = platform.system().lower()
     flags = {"GGML_NATIVE": "ON"}
     if system == "darwin":
         flags["GGML_METAL"] = "ON"
+    if "amx_int8" in host_cpu_flags():
+        flags.update(CMAKE_C_FLAGS=NO_AMX, CMAKE_CXX_FLAGS=NO_AMX)
     return Target(
         name=f"{arch}-{system}-native",
         os=system,
@@ -77,7 +97,13 @@ def local_native() -> Target:
 
 
 def arm_arch_flag(cpu_features: set[str]) -> str:
-    """GGML_CPU_ARM_ARCH for a board/phone from its /proc/cpuinfo 'Features' (asimddp=dotprod, i8mm, sve)."""
+    """GGML_CPU_ARM_ARCH for a board/phone from its /proc/cpuinfo 'Features' (asimddp=dotprod, i8mm, sve).
+
+    The features ggml's CPU backend compiles for (ggml-cpu/CMakeLists.txt, its GGML_CPU_ALL_VARIANTS table): DOTPROD
+    (+dotprod), FP16_VECTOR_ARITHMETIC (+fp16), SVE (+sve), MATMUL_INT8 (+i8mm), each only where the kernel's
+    hwcaps list it; armv8.2-a is the first architecture that has any of them. What the kernel does not list is left
+    out even where the core has it: a Snapdragon 845's 4.9 kernel predates the asimddp hwcap (safe to leave out);
+    a Snapdragon 8+ Gen 1 whose kernel leaves SVE off raises SIGILL on SVE code (llama.cpp#402)."""
     arch = "armv8.2-a" if {"asimddp", "i8mm", "sve", "asimdhp"} & cpu_features else "armv8-a"
     ext = []
     if "asimddp" in cpu_features:

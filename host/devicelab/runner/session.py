@@ -27,10 +27,13 @@ BASELINE_MAX_AGE_S = 6 * 3600
 
 
 def target_for(t, device, facts: dict) -> tuple[targets.Target, list[str]]:
-    """The device's build target: the lab file's `target` if set, else its transport's default."""
+    """The device's build target: the lab file's `target` if set, else its transport's default; either way with the
+    lab file's `cpu_features` where it gives them (a phone's default target too: its build is the board's when their
+    features are the same)."""
+    if device.cpu_features:
+        facts = {**facts, "cpu.features": device.cpu_features}
     if device.target:
-        feats = set((device.cpu_features or facts.get("cpu.features") or "").split())
-        return targets.by_name(device.target, feats), []
+        return targets.by_name(device.target, set((facts.get("cpu.features") or "").split())), []
     return t.default_target(device, facts)
 
 
