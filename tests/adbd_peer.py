@@ -527,3 +527,29 @@ def fake_dumpsys(peer: AdbdPeer, battery: Path, thermal: Path, meminfo: Path | N
     )
     p.chmod(p.stat().st_mode | stat.S_IEXEC)
     return log
+
+
+# the stand-in phone's properties (what `getprop` answers)
+PROPS = {
+    "ro.product.model": "Peer 7",
+    "ro.product.manufacturer": "devicelab",
+    "ro.product.name": "peer",
+    "ro.product.device": "peer",
+    "ro.build.version.release": "14",
+    "ro.build.version.sdk": "34",
+    "ro.product.cpu.abi": "arm64-v8a",
+    "ro.soc.model": "SM8550",
+    "ro.board.platform": "kalama",
+}
+
+
+# the stand-in phone's battery (its /sys/class/power_supply/battery files, in the ABI's units)
+BATTERY = {
+    "type": "Battery",
+    "status": "Discharging",
+    "current_now": "-350000",
+    "voltage_now": "3912000",
+    "capacity": "77",
+    "temp": "301",
+    "charge_full": "4410000",
+}

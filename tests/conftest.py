@@ -119,3 +119,55 @@ def ctrl_c_able():
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# ------------------------------------------------------------- real peers (test_ssh, test_adb, test_ios, test_doctor)
+@pytest.fixture
+def sshd(tmp_path):
+    """A real OpenSSH server on 127.0.0.1 (sshd_peer.py): the SSH board."""
+    from sshd_peer import Sshd
+
+    s = Sshd(tmp_path / "sshd").start()
+    yield s
+    s.kill()
+
+
+@pytest.fixture
+def netns_sshd(tmp_path):
+    """The SSH board in its own network namespace, behind a veth pair: (its sshd, the namespace)."""
+    from sshd_peer import Netns, Sshd
+
+    ns = Netns()
+    if not ns.create():
+        pytest.skip("this machine does not allow creating a network namespace (needs CAP_NET_ADMIN and `ip`)")
+    s = Sshd(tmp_path / "sshd-ns", netns=ns).start()
+    yield s, ns
+    s.kill()
+    ns.delete()
+
+
+@pytest.fixture
+def adb(tmp_path):
+    """The real adb host server (Debian's `adb`) on a port of its own (adbd_peer.py); phones are AdbdPeer."""
+    from adbd_peer import AdbServer, free_port
+
+    s = AdbServer(tmp_path / "adb", free_port()).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def harness_bin(source):
+    from devicelab.build import harness
+
+    return harness.ensure_linux(source, jobs=2).path
+
+
+@pytest.fixture
+def mac(tmp_path, harness_bin):
+    """The stand-in Mac with its stand-in iPhone (mac_peer.py)."""
+    from mac_peer import Mac
+
+    m = Mac(tmp_path / "mac", harness_bin)
+    yield m
+    m.stop()

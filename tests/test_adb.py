@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from adbd_peer import AdbdPeer, AdbServer, fake_dumpsys, free_port
+from adbd_peer import BATTERY, PROPS, AdbdPeer, fake_dumpsys, free_port
 from conftest import FIXTURES, check_forward, devicelab, echo_server
 
 from devicelab import push
@@ -22,24 +22,6 @@ from devicelab.ledger import ledger_path
 from devicelab.transports.adb import ADBTransport
 
 pytestmark = pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)")
-PROPS = {
-    "ro.product.model": "Peer 7",
-    "ro.product.manufacturer": "devicelab",
-    "ro.product.name": "peer",
-    "ro.product.device": "peer",
-    "ro.build.version.release": "14",
-    "ro.build.version.sdk": "34",
-    "ro.product.cpu.abi": "arm64-v8a",
-    "ro.soc.model": "SM8550",
-    "ro.board.platform": "kalama",
-}
-
-
-@pytest.fixture
-def adb(tmp_path):
-    s = AdbServer(tmp_path / "adb", free_port()).start()
-    yield s
-    s.stop()
 
 
 ANDROID_USERLAND = bool(shutil.which("mksh") and shutil.which("toybox"))
@@ -191,15 +173,7 @@ def _try(fn):
 def _battery_root(tmp_path):
     ps = tmp_path / "sysfs" / "sys/class/power_supply/battery"
     ps.mkdir(parents=True)
-    for k, v in {
-        "type": "Battery",
-        "status": "Discharging",
-        "current_now": "-350000",
-        "voltage_now": "3912000",
-        "capacity": "77",
-        "temp": "301",
-        "charge_full": "4410000",
-    }.items():
+    for k, v in BATTERY.items():
         (ps / k).write_text(v + "\n")
     z = tmp_path / "sysfs" / "sys/class/thermal/thermal_zone0"
     z.mkdir(parents=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, check_forward, devicelab, echo_server
-from sshd_peer import SSHD, Netns, Sshd
+from sshd_peer import SSHD, Sshd
 
 from devicelab import push
 from devicelab.errors import DevicelabError, RetryableError
@@ -23,13 +23,6 @@ from devicelab.transports import ssh as ssh_mod
 from devicelab.transports.ssh import SSHTransport
 
 pytestmark = pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server")
-
-
-@pytest.fixture
-def sshd(tmp_path):
-    s = Sshd(tmp_path / "sshd").start()
-    yield s
-    s.kill()
 
 
 def transport(s: Sshd, **kw) -> SSHTransport:
@@ -267,17 +260,6 @@ payloads:
   - {{kind: eval, route: server-generate, include: {tasks}, lm_tasks: [devicelab_copy], limit: 4, ctx: 256}}
 recommend: {{context: 1024, max_kld_mean: 0.5, max_ppl_ratio: 2, min_decode_tps: 0.1}}
 """
-
-
-@pytest.fixture
-def netns_sshd(tmp_path):
-    ns = Netns()
-    if not ns.create():
-        pytest.skip("this machine does not allow creating a network namespace (needs CAP_NET_ADMIN and `ip`)")
-    s = Sshd(tmp_path / "sshd-ns", netns=ns).start()
-    yield s, ns
-    s.kill()
-    ns.delete()
 
 
 @pytest.mark.e2e

@@ -694,7 +694,7 @@ def findings(lab_dir, recipe, from_file, rows_sel=None):
 @click.option("--recipe", default="imported")
 @click.option("--lab-dir", default=None)
 def import_bench(files, device, recipe, lab_dir):
-    """Import llama-bench output (-o json, jsonl, csv or sql) into the ledger."""
+    """Import llama-bench output (-o json, jsonl, csv, sql, or its markdown table) into the ledger."""
     from .importer import import_files
 
     n = import_files(files, device, recipe, _lab_dir(lab_dir))
@@ -997,6 +997,81 @@ def devices_probe(lab_file, names):
         for src, (ok, detail) in res.items():
             mark = "[green]yes[/]" if ok else "[yellow]no[/] "
             console.print(f"  {mark} {src}: {detail}")
+
+
+# ---------------------------------------------------------------- doctor
+_DOCTOR_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
+
+
+@main.command()
+@click.argument("names", nargs=-1)
+@click.option(
+    "--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')"
+)
+@click.option(
+    "--lab-dir", default=None, help="the lab folder (default ./labdata): its battery calibration; the bench in doctor/"
+)
+@click.option(
+    "--bundle",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="write every raw capture read from the devices to this .tar.gz (serials, names and tokens replaced)",
+)
+@click.option("--no-bench", is_flag=True, help="skip the bench cell (it needs a llama.cpp build for the device)")
+@click.option(
+    "--bundle-to-fixture",
+    "to_fixture",
+    nargs=2,
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="BUNDLE DIR",
+    help="turn a bundle into corpus entries: DIR/<format>/NAME.* + NAME.toml (e.g. DIR = tests/fixtures/real)",
+)
+def doctor(names, lab_file, lab_dir, bundle, no_bench, to_fixture):
+    """First contact with a device: every assumption the lab makes about it, checked (default: every device of the
+    lab file; without one, this machine). Exits 1 when a check fails; each failing line says its fix."""
+    from . import doctor as dr
+    from . import lab as labmod
+
+    if to_fixture:
+        made = dr.bundle_to_fixture(*to_fixture)
+        for p in made:
+            console.print(f"wrote {p}")
+        console.print(f"{len(made) // 2} corpus entries from {to_fixture[0]}")
+        return
+    lab = labmod.load(lab_file)
+    devs = [lab.device(n) for n in names] if names else lab.devices
+    reports = []
+    for d in devs:
+        console.print(f"[bold]{escape(d.name)}[/] ({escape(d.transport)})")
+        reports.append(
+            dr.examine(
+                d,
+                lab_file,
+                _lab_dir(lab_dir),
+                bench=not no_bench,
+                say=_say_check,
+                stage=lambda text: err.print(f"    [dim]· {escape(text)}[/]"),
+            )
+        )
+    if bundle:
+        m = dr.write_bundle(reports, bundle)
+        n = sum(len(d["files"]) for d in m["devices"])
+        what = ", ".join(sorted({r["what"] for r in m["replaced"]})) or "nothing found to replace"
+        console.print(f"bundle: {bundle} ({n} captures; replaced: {what}; see its manifest.json)")
+    bad = [r.name for r in reports if r.failed]
+    if bad:
+        err.print(f"[red]doctor: {len(bad)} device(s) failed a check[/]: {escape(', '.join(bad))}")
+        sys.exit(1)
+
+
+def _say_check(c) -> None:
+    from .doctor import MARK
+
+    style = _DOCTOR_STYLE.get(c.state, "")
+    console.print(f"  [{style}]{MARK[c.state]}[/] {escape(c.title)}: {escape(c.detail)}", soft_wrap=True)
+    if c.fix:
+        console.print(f"      [yellow]{'fix' if c.state == 'fail' else 'hint'}:[/] {escape(c.fix)}", soft_wrap=True)
 
 
 # ---------------------------------------------------------------- printing

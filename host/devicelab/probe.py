@@ -11,15 +11,16 @@ from .telemetry import sampler_csv, sources
 from .transports import open_transport, reached_through
 
 
-def gpu_backends(t, dev: Device) -> str:
+def gpu_backends(t, dev: Device, facts: dict | None = None) -> str:
     """Per backend: buildable for this device's target, or why not (the devices each build sees are listed when
-    a run builds it: `--list-devices`)."""
+    a run builds it: `--list-devices`). `facts`: the device's, where the caller has them already."""
     from . import facts as factsmod
     from .build import backends
     from .runner.session import target_for
 
-    kit = kitmod.ensure(t)
-    tgt, _ = target_for(t, dev, factsmod.collect(t, kit, dev.telemetry_root))
+    if facts is None:
+        facts = factsmod.collect(t, kitmod.ensure(t), dev.telemetry_root)
+    tgt, _ = target_for(t, dev, facts)
     out = []
     for b in backends.BACKENDS:
         try:
@@ -30,8 +31,11 @@ def gpu_backends(t, dev: Device) -> str:
     return "; ".join(out)
 
 
-def _device_lines(t, dev: Device, tr: sampler_csv.SamplerTrace) -> dict[str, tuple[bool, str]]:
-    res = {"GPU backends its builds can have": (True, gpu_backends(t, dev))}
+def device_lines(
+    t, dev: Device, tr: sampler_csv.SamplerTrace, facts: dict | None = None, gpu: bool = True
+) -> dict[str, tuple[bool, str]]:
+    """The lines of `devices probe` that are the device's, not a source's (`gpu`: with its GPU backends)."""
+    res = {"GPU backends its builds can have": (True, gpu_backends(t, dev, facts))} if gpu else {}
     st = t.run(["test", "-r", "/proc/self/status"]).rc == 0
     res["payload peak RSS (/proc/PID/status)"] = (st, "VmHWM/VmRSS" if st else "no /proc (macOS: not available)")
     res["sub-second clock"] = (
@@ -58,7 +62,7 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
         tr = sampler_csv.parse(t.read_text(out) or "")
         view = sources.ProbeView(t, tr, sources.detect(t))
         res = {s.title: s.probe(view) for s in sources.SOURCES}
-        res.update(_device_lines(t, dev, tr))
+        res.update(device_lines(t, dev, tr))
         res.update(reached_through(t, dev))
         return res
     finally:

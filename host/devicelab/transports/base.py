@@ -82,6 +82,9 @@ class Transport(ABC):
     measures_on_host: bool = False
     # True where the device's facts come from its build (an app on a phone): a session makes the build first
     builds_before_facts: bool = False
+    # False where the device has no POSIX shell for the kit's scripts: its transport does their work its own way
+    # (an iPhone's app); `devicelab doctor` then checks no userland there
+    shell: bool = True
 
     def default_target(self, device, facts: dict):
         """The llama.cpp build target for this device from its facts, and warnings for the user."""

@@ -51,6 +51,7 @@ _THEN_CAT = 'f=$1; shift; rm -f "$f"; if "$@" >"$f.log" 2>&1; then cat "$f"; els
 class IOSTransport(Transport):
     measures_on_host = False
     builds_before_facts = True  # `facts` is the app's: it is built and installed first
+    shell = False  # no shell on the phone: the commands above are translated into the app's harness
 
     def __init__(
         self,
