@@ -620,6 +620,8 @@ def _power_text(e, prior) -> str:
         w = float(e.values[-1] - e.values[0]) / dt if dt > 0 else float("nan")
     else:
         w = float(np.nanmean(e.values))
+    if e.info.get("missing"):  # the source says why it cannot give a figure: never a 'nan W'
+        return f"power missing ({e.info.get('source', '?')}): {e.info['missing']}"
     method = e.info.get("method")
     cal = f"; calibration: {method}" if method else ""
     if method and not sources.keeps_calibration(e.info) and not prior:
