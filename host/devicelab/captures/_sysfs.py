@@ -7,12 +7,13 @@ Two textual forms are accepted, as they appear in bug reports and other projects
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
 from pathlib import Path
 
-from .. import paths
+from .. import facts, paths
 from ..telemetry import sampler_csv
 
 # a colon inside the path is one followed by more of the path (intel-rapl:0:1/…, soc:qcom,gpubw/…); the first
@@ -64,12 +65,29 @@ def sample(files: dict[str, str], ticks: int = 3, interval_ms: int = 20) -> samp
         return sampler_csv.parse(out.read_text())
 
 
-def run_script(script: str, files: dict[str, str], *args: str) -> str:
-    """Run a device-side script (device_payloads/SCRIPT) with the tree as its ROOT (its last argument)."""
+def run_script(script: str, files: dict[str, str], *args: str, tools: dict[str, str] | None = None) -> str:
+    """Run a device-side script (device_payloads/SCRIPT) with the tree as its ROOT (its last argument); `tools`
+    ({name: sh script}) are stand-ins first on PATH, answering as the device's own commands did in a capture (test
+    doubles fed a real capture)."""
     with tempfile.TemporaryDirectory(prefix="devicelab-capture-") as d:
         root = write_tree(files, Path(d) / "root")
+        env = None
+        if tools:
+            bin_ = Path(d) / "bin"
+            bin_.mkdir()
+            for name, text in tools.items():
+                (bin_ / name).write_text(text)
+                (bin_ / name).chmod(0o755)
+            env = dict(os.environ, PATH=f"{bin_}{os.pathsep}{os.environ.get('PATH', '')}")
         r = subprocess.run(
             ["sh", str(paths.device_payloads_dir() / script), *args, str(root)],
-            check=True, timeout=60, capture_output=True, text=True,
+            check=True, timeout=60, capture_output=True, text=True, env=env,
         )  # fmt: skip
         return r.stdout
+
+
+def device_facts(files: dict[str, str], tools: dict[str, str] | None = None) -> dict:
+    """The facts the lab takes at first contact (device_payloads/facts.sh, facts.parse) over the tree, with `tools`
+    as in run_script; its work folder a temporary one."""
+    with tempfile.TemporaryDirectory(prefix="devicelab-facts-") as wd:
+        return facts.parse(run_script("facts.sh", files, str(Path(wd) / "work"), tools=tools), "capture")

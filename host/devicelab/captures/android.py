@@ -1,21 +1,17 @@
 """What Android phones print, through the lab's own Android code: the battery and thermal services' dumps (the
 snapshot parsers a cell runs before and after), the memory service's Free RAM (the RAM budget at first contact),
-and a full `getprop` listing (device_payloads/facts.sh asking `getprop KEY`, then facts.collect)."""
+and a full `getprop` listing (device_payloads/facts.sh asking `getprop KEY`, then facts.parse)."""
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from .. import budget, facts, paths
+from .. import budget
 from ..telemetry.sources import android
-from ..transports.base import CommandResult
-from ..transports.local import LocalTransport
-from . import Missing, Unsupported, reader
+from . import Missing, Unsupported, _sysfs, reader
 
 BATTERY_FIGURES = ("battery_level", "battery_voltage", "battery_temp", "charge_counter_c")
 # the facts the lab keeps of an Android device, from its properties (device_payloads/facts.sh)
@@ -85,37 +81,20 @@ exit 0
 """
 
 
-class _StandInTransport(LocalTransport):
-    """This machine, with a stand-in `getprop` first on PATH: facts.sh runs here as on the phone."""
-
-    def __init__(self, bin_dir: str, workdir: str):
-        super().__init__("capture", root=workdir)
-        self._path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-
-    def run(self, argv: Sequence[str], **kw) -> CommandResult:
-        return super().run(argv, **{**kw, "env": {**(kw.get("env") or {}), "PATH": self._path}})
-
-
 @reader("getprop")
 def getprop_capture(path: Path) -> dict[str, Any]:
     """A full `adb shell getprop` listing, fed to the lab's own first contact: device_payloads/facts.sh runs with a
     test double of `getprop` on PATH that answers `getprop KEY` from this real capture (each value as the phone
-    printed it), and facts.collect reads what facts.sh printed. Gives the facts the lab keeps of an Android device."""
+    printed it), and facts.parse reads what facts.sh printed. Gives the facts the lab keeps of an Android device."""
     p = props(path.read_bytes().decode("utf-8", errors="replace"))
     if not p.get("ro.build.version.release"):
         raise Unsupported("no [ro.build.version.release] in this listing: not a full `getprop` of an Android device")
     with tempfile.TemporaryDirectory(prefix="devicelab-getprop-") as d:
         base = Path(d)
         (base / "props").mkdir()
-        (base / "bin").mkdir()
-        (base / "root").mkdir()
         for k, v in p.items():
             if "/" not in k:
                 (base / "props" / k).write_text(v + "\n")
         (base / "listing").write_bytes(path.read_bytes())
-        sh = base / "bin" / "getprop"
-        sh.write_text(_GETPROP.format(listing=base / "listing", dir=base / "props"))
-        sh.chmod(sh.stat().st_mode | stat.S_IXUSR)
-        t = _StandInTransport(str(base / "bin"), str(base / "work"))
-        f = facts.collect(t, str(paths.device_payloads_dir()), str(base / "root"))
+        f = _sysfs.device_facts({}, {"getprop": _GETPROP.format(listing=base / "listing", dir=base / "props")})
     return {k: f.get(k, Missing("facts.sh printed no such line")) for k in ANDROID_FACTS}

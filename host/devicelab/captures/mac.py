@@ -9,18 +9,16 @@ a real capture; no Mac is attached), and the host's facts, budget and battery re
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import budget, facts, paths
+from .. import budget
 from ..telemetry import sampler_csv
 from ..telemetry.sources import mac, powermetrics
-from . import Missing, Unsupported, reader
+from . import Missing, Unsupported, _sysfs, reader
 
 NOT_IN_CAPTURE = "not in the capture"
 
@@ -53,21 +51,12 @@ def _facts_with(standins: dict[str, str]) -> dict:
     tree, so no /sys file of this machine is read; the facts a Mac's tools do not give are this machine's and are
     not taken from here."""
     with tempfile.TemporaryDirectory(prefix="devicelab-mac-") as d:
-        bin_, root, wd = Path(d) / "bin", Path(d) / "root", Path(d) / "wd"
-        for p in (bin_, root):
-            p.mkdir()
+        tools = {}
         for tool, text in standins.items():
             cap = Path(d) / f"{tool}.capture"
             cap.write_text(text)
-            script = _SYSCTL % {"cap": shlex.quote(str(cap))} if tool == "sysctl" else f"#!/bin/sh\ncat {cap}\n"
-            (bin_ / tool).write_text(script)
-            (bin_ / tool).chmod(0o755)
-        env = dict(os.environ, PATH=f"{bin_}:{os.environ.get('PATH', '')}")
-        r = subprocess.run(
-            ["sh", str(paths.device_payloads_dir() / "facts.sh"), str(wd), str(root)],
-            env=env, check=True, timeout=60, capture_output=True, text=True,
-        )  # fmt: skip
-    return facts.parse(r.stdout, "capture")
+            tools[tool] = _SYSCTL % {"cap": shlex.quote(str(cap))} if tool == "sysctl" else f"#!/bin/sh\ncat {cap}\n"
+        return _sysfs.device_facts({}, tools)
 
 
 # ---------------------------------------------------------------- powermetrics

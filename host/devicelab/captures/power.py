@@ -17,7 +17,6 @@ time needs two captures); a power, a unit, a domain and its range are what one c
 from __future__ import annotations
 
 import re
-import tempfile
 from itertools import product
 from pathlib import Path
 from typing import Any
@@ -145,13 +144,6 @@ def _median(v) -> float:
     return float(np.median(a)) if len(a) else float("nan")
 
 
-def _battery_facts(files: dict[str, str]) -> dict:
-    """facts.sh's battery.* lines over the tree (the device-side reading budget.battery works from)."""
-    with tempfile.TemporaryDirectory(prefix="devicelab-facts-") as wd:
-        out = _sysfs.run_script("facts.sh", files, str(Path(wd) / "work"))
-    return {k: v for k, _, v in (ln.partition("=") for ln in out.splitlines()) if k.startswith("battery.")}
-
-
 def _figures_battery(files: dict[str, str]) -> dict[str, Any]:
     tr = _sysfs.sample(files)
     bats = power_supply.batteries(tr)
@@ -169,7 +161,9 @@ def _figures_battery(files: dict[str, str]) -> dict[str, Any]:
     vcol = f"{bats[0]}/voltage_now"
     v = _median(tr.frame[vcol].map(voltage_to_v)) if vcol in tr.frame else float("nan")
     got["battery_voltage_v"] = v if v > 0 else Missing("no voltage_now, or it reads 0")
-    wh, how = budget.battery(_battery_facts(files))
+    wh, how = budget.battery(
+        {k: v for k, v in _sysfs.device_facts(files).items() if k.startswith("battery.")}  # the device's alone
+    )
     got["battery_capacity_wh"] = wh if wh is not None else Missing(how)
     return got
 

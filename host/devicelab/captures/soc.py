@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import math
 import re
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from .. import facts
 from ..build import targets
 from ..telemetry import normalize
 from ..telemetry.sources import thermal_zones
@@ -140,8 +138,7 @@ def cpuinfo_capture(path: Path) -> dict[str, Any]:
     text = path.read_text(errors="replace")
     if not re.search(r"^(Features|flags)\s*:", text, re.M):
         raise Unsupported("no Features/flags line: not a /proc/cpuinfo the lab can take CPU features from")
-    with tempfile.TemporaryDirectory(prefix="devicelab-facts-") as wd:
-        f = facts.parse(_sysfs.run_script("facts.sh", {"/proc/cpuinfo": text.rstrip("\n")}, wd), "capture")
+    f = _sysfs.device_facts({"/proc/cpuinfo": text.rstrip("\n")})
     feats = set((f.get("cpu.features") or "").split())
     return {
         "cpu.model": f.get("cpu.model", ""),
