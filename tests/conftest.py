@@ -15,6 +15,74 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+# ------------------------------------------------------------- the suite's builds, made once, beside the tests
+# Builds in the order tests/prebuild.py makes them; a module runs after every module whose builds come earlier,
+# so the tests that need no build run first while the background process makes the host build, and so on.
+BUILD_ORDER = ("host", "aarch64", "harness", "opencl", "vulkan", "release")
+BY_FIXTURE = {"host_build": "host", "arm_build": "aarch64", "harness_build": "harness"}
+_prebuild: dict = {}
+
+
+def needed_builds(item) -> set[str]:
+    """The builds a test uses: by its fixtures, its e2e mark (a lab run on this host builds the host's), and the
+    `builds(...)` mark of a module whose lab runs build others (a board's, a backend's, an older release's)."""
+    got = {b for f, b in BY_FIXTURE.items() if f in item.fixturenames}
+    if item.get_closest_marker("e2e"):
+        got.add("host")
+    for m in item.iter_markers("builds"):
+        got.update(m.args)
+    return got
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Order modules by the last build they need (modules stay whole, in their own order otherwise), then start the
+    background process that makes those builds (tests/prebuild.py; DEVICELAB_TEST_PREBUILD=0 turns it off)."""
+    stage: dict = {}
+    for it in items:
+        last = max((BUILD_ORDER.index(b) + 1 for b in needed_builds(it)), default=0)
+        stage[it.module] = max(stage.get(it.module, 0), last)
+    order = {id(it): i for i, it in enumerate(items)}
+    items.sort(key=lambda it: (stage[it.module], order[id(it)]))
+    wanted = {b for it in items for b in needed_builds(it)}
+    if wanted and os.environ.get("DEVICELAB_TEST_PREBUILD", "1") != "0" and not os.environ.get("PYTEST_XDIST_WORKER"):
+        from devicelab import paths
+
+        log = paths.sub("tmp") / "prebuild.log"
+        _prebuild["log"] = log
+        script = Path(__file__).with_name("prebuild.py")
+        with open(log, "w") as out:
+            _prebuild["proc"] = subprocess.Popen(
+                [sys.executable, str(script), *[b for b in BUILD_ORDER if b in wanted]],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the background builds (a stopped compiler too)."""
+    import signal
+
+    p = _prebuild.pop("proc", None)
+    if p is not None and p.poll() is None:
+        for sig in (signal.SIGTERM, signal.SIGCONT):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        p.wait(timeout=60)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """What the background builds made, and when (seconds from the suite's start)."""
+    log = _prebuild.get("log")
+    lines = [x for x in log.read_text(errors="replace").splitlines() if x.startswith("prebuild ")] if log else []
+    if lines:
+        terminalreporter.write_sep("-", "the suite's builds, made in the background (tests/prebuild.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def source():
     from devicelab.build import source as s
@@ -156,11 +224,17 @@ def adb(tmp_path):
     s.stop()
 
 
-@pytest.fixture(scope="module")
-def harness_bin(source):
+@pytest.fixture(scope="session")
+def harness_build(source):
+    """The Linux harness (build/harness.py): the iOS app's tools as one binary, for the stand-in iPhone."""
     from devicelab.build import harness
 
-    return harness.ensure_linux(source, jobs=2).path
+    return harness.ensure_linux(source, jobs=2)
+
+
+@pytest.fixture(scope="session")
+def harness_bin(harness_build):
+    return harness_build.path
 
 
 @pytest.fixture

@@ -21,7 +21,10 @@ from devicelab.errors import DevicelabError, RetryableError
 from devicelab.ledger import ledger_path
 from devicelab.transports.adb import ADBTransport
 
-pytestmark = pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)")
+pytestmark = [
+    pytest.mark.skipif(not shutil.which("adb"), reason="needs the adb host server (Debian package adb)"),
+    pytest.mark.builds("aarch64"),  # the phone peer runs the static aarch64 build under qemu
+]
 
 
 ANDROID_USERLAND = bool(shutil.which("mksh") and shutil.which("toybox"))

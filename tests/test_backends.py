@@ -79,6 +79,7 @@ def test_cuda_plans(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.builds("opencl")
 @pytest.mark.skipif(
     not Path("/usr/include/CL/cl.h").exists(),
     reason="needs the OpenCL headers and ICD loader (Debian: opencl-headers ocl-icd-opencl-dev)",

@@ -18,7 +18,7 @@ from conftest import REPO, devicelab
 
 from devicelab.ledger import Ledger, ledger_path
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.builds("release")]  # 0.3.35 beside the pinned tree
 
 OLDER = "pypi:llama-cpp-python==0.3.35"
 SWEEP = """name: two-releases

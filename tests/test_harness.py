@@ -31,11 +31,6 @@ from devicelab.telemetry.sources import harness as harness_source
 pytestmark = pytest.mark.e2e
 
 
-@pytest.fixture(scope="session")
-def harness_build(source):
-    return harness.ensure_linux(source, jobs=2)
-
-
 def hrun(hb, *args, cwd=None) -> subprocess.CompletedProcess:
     return subprocess.run([str(hb.path), *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=600)
 

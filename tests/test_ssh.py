@@ -22,7 +22,10 @@ from devicelab.ledger import ledger_path
 from devicelab.transports import ssh as ssh_mod
 from devicelab.transports.ssh import SSHTransport
 
-pytestmark = pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server")
+pytestmark = [
+    pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server"),
+    pytest.mark.builds("aarch64"),  # the board in its namespace runs the static aarch64 build under qemu
+]
 
 
 def transport(s: Sshd, **kw) -> SSHTransport:

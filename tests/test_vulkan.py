@@ -34,6 +34,7 @@ NEW_ENOUGH = (
 
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.builds("vulkan"),
     pytest.mark.skipif(
         not (shutil.which("glslc") and _lavapipe() and NEW_ENOUGH),
         reason="needs glslc, Mesa's lavapipe (mesa-vulkan-drivers, vulkan-tools) and Vulkan headers ≥ 1.3.261 "

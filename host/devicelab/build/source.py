@@ -208,7 +208,10 @@ def resolve(spec: str | None = None) -> Source:
     of a clone, checked out into devicelab's worktree of it)."""
     spec = spec or DEFAULT_SOURCE
     if spec.startswith("pypi:"):
-        root = _extract_sdist(_pip_download(spec[len("pypi:") :]))
+        # one process downloads and unpacks a release at a time: another (a second run, the suite's background
+        # builds) waits, then finds the archive whole and the tree unpacked
+        with paths.result_lock(paths.sub("sources") / spec[len("pypi:") :]):
+            root = _extract_sdist(_pip_download(spec[len("pypi:") :]))
     elif spec.startswith(GIT_PREFIX):
         root = _git_checkout(*_git_spec(spec))
     else:

@@ -1,0 +1,134 @@
+"""The suite's llama.cpp builds, made in the background while the tests that need none run.
+
+Each distinct build the suite uses is made once (the build cache under DEVICELAB_HOME, keyed by what makes the
+build), by the same calls the tests and the lab make, so a test that wants a build this process is still making
+waits on the build's own lock file and then finds it. The process runs at the lowest priority, so it takes only the
+CPU the tests leave idle, and it stops (SIGSTOP, its compilers with it) while a lab measurement holds this host's
+CPUs (the exclusive flock on DEVICELAB_HOME/locks/host-cpus.lock that every measurement on the local host takes),
+so no measurement of the suite runs beside one of its compilers.
+
+    python3 tests/prebuild.py host aarch64 harness opencl vulkan release   (conftest starts it; any subset)
+
+A build that fails here is left to the test that needs it: that test makes it again and fails with the reason."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+AARCH64_FEATURES = {"fp", "asimd", "asimddp"}  # the suite's boards and phone peer (test_aarch64 FEATURES)
+OLDER_RELEASE = "pypi:llama-cpp-python==0.3.35"  # test_bisect's second source
+
+
+def _source():
+    from devicelab.build import source
+
+    return source.resolve(None)
+
+
+def host():
+    from devicelab.build import cache, targets
+
+    return cache.ensure(_source(), targets.local_native(), jobs=2)
+
+
+def aarch64():
+    from devicelab.build import cache, targets
+
+    return cache.ensure(_source(), targets.aarch64_cross_static(AARCH64_FEATURES), jobs=2)
+
+
+def harness():
+    from devicelab.build import harness as h
+
+    return h.ensure_linux(_source(), jobs=2)
+
+
+def opencl():
+    from devicelab.build import backends, cache, targets
+
+    tgt = backends.variant(targets.local_native(), "opencl")
+    return cache.ensure(_source(), tgt, tools=("llama-bench", "llama-perplexity"), jobs=2)
+
+
+def vulkan():
+    from devicelab.build import backends, cache, targets
+
+    return cache.ensure(_source(), backends.variant(targets.local_native(), "vulkan", dict(os.environ)), jobs=2)
+
+
+def release():
+    from devicelab.build import cache, source, targets
+
+    return cache.ensure(source.resolve(OLDER_RELEASE), targets.local_native(), jobs=2)
+
+
+BUILDS = {f.__name__: f for f in (host, aarch64, harness, opencl, vulkan, release)}
+
+
+def measuring(lock: Path) -> bool:
+    """Whether a process holds an exclusive flock on `lock` (a measurement), read from /proc/locks: reading it
+    takes no lock, so a measurement that starts never waits on this check."""
+    try:
+        st = lock.stat()
+        text = Path("/proc/locks").read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 6 and f[1] == "FLOCK" and f[3] == "WRITE" and f[4] != "->":
+            dev_ino = f[5].split(":")
+            if len(dev_ino) == 3 and int(dev_ino[2]) == st.st_ino:
+                return True
+    return False
+
+
+def pause_while_measuring(lock: Path, stop: threading.Event) -> None:
+    """Stop this process's compilers while a measurement holds the host's CPUs; let them go on when it ends."""
+    import psutil
+
+    me = psutil.Process()
+    stopped: list = []
+    while not stop.wait(0.1):
+        if measuring(lock) and not stopped:
+            stopped = me.children(recursive=True)
+            for p in stopped:
+                try:
+                    p.suspend()
+                except psutil.Error:
+                    pass
+        elif stopped and not measuring(lock):
+            for p in stopped:
+                try:
+                    p.resume()
+                except psutil.Error:
+                    pass
+            stopped = []
+
+
+def main(names: list[str]) -> int:
+    from devicelab import paths
+
+    os.nice(19)
+    stop = threading.Event()
+    lock = paths.sub("locks") / "host-cpus.lock"
+    lock.touch()
+    threading.Thread(target=pause_while_measuring, args=(lock, stop), daemon=True).start()
+    start = time.time()
+    for name in names:
+        t0 = time.time()
+        try:
+            BUILDS[name]()
+            said = f"ready in {time.time() - t0:.0f} s"
+        except Exception as e:  # the test that needs it makes it again and says why
+            said = f"failed after {time.time() - t0:.0f} s: {e}"
+        print(f"prebuild {name}: {said}, {time.time() - start:.0f} s after the suite's start", flush=True)
+    stop.set()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
