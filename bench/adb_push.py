@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from adbd_peer import AdbdPeer, AdbServer, free_port  # noqa: E402
+from adbd_peer import AdbdPeer, AdbServer, free_port
 
-from devicelab.transports.adb import ADBTransport  # noqa: E402
+from devicelab.transports.adb import ADBTransport
 
 
 def main():

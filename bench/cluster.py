@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from cluster_peer import LabNet, wait_for  # noqa: E402
+from cluster_peer import LabNet, wait_for
 
 RECIPE = """name: cluster-{tag}
 devices: [{devices}]

@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from adbd_peer import android_userland  # noqa: E402
+from adbd_peer import android_userland
 
-from devicelab import paths  # noqa: E402
-from devicelab.build import cache, source, targets  # noqa: E402
-from devicelab.models import store  # noqa: E402
-from devicelab.models.ladder import Ladder  # noqa: E402
+from devicelab import paths
+from devicelab.build import cache, source, targets
+from devicelab.models import store
+from devicelab.models.ladder import Ladder
 
 
 def phone_tree(root: str) -> str:

@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sshd_peer import Netns, Sshd  # noqa: E402
+from sshd_peer import Netns, Sshd
 
-from devicelab.ledger import Ledger, ledger_path  # noqa: E402
-from devicelab.runner.host import HostWork  # noqa: E402
-from devicelab.runner.lane import Events  # noqa: E402
-from devicelab.runner.orchestrator import Orchestrator  # noqa: E402
+from devicelab.ledger import Ledger, ledger_path
+from devicelab.runner.host import HostWork
+from devicelab.runner.lane import Events
+from devicelab.runner.orchestrator import Orchestrator
 
 RECIPE = """name: parallel
 devices: [{devices}]

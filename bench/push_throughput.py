@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from sshd_peer import Sshd  # noqa: E402
+from sshd_peer import Sshd
 
-from devicelab import push  # noqa: E402
-from devicelab.transports import ssh as ssh_mod  # noqa: E402
-from devicelab.transports.ssh import SSHTransport  # noqa: E402
+from devicelab import push
+from devicelab.transports import ssh as ssh_mod
+from devicelab.transports.ssh import SSHTransport
 
 
 def main():

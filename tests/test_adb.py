@@ -169,7 +169,7 @@ def test_peer_killed_mid_push_then_push_again(adb, tmp_path):
 def _try(fn):
     try:
         return fn()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return e
 
 

@@ -98,7 +98,7 @@ def history(tmp_path_factory, source):
     generated token in llama-bench, three more neutral commits."""
     repo = tmp_path_factory.mktemp("llama") / "llama.cpp"
     top = str(source.path)
-    skip = lambda d, names: [n for n in names if n == ".git" or n.endswith(".gguf") or (d == top and n == "models")]  # noqa: E731
+    skip = lambda d, names: [n for n in names if n == ".git" or n.endswith(".gguf") or (d == top and n == "models")]
     shutil.copytree(source.path, repo, ignore=skip, symlinks=True)  # the vocab files of models/ are not built
     _git(repo, "init", "-q")
     _git(repo, "add", "-A")

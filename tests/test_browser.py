@@ -118,7 +118,7 @@ def live_run(tmp_path_factory, browser, host_build, smol_path):
             try:
                 page.goto(url)
                 break
-            except Exception:  # noqa: BLE001 - the server is starting
+            except Exception:  # the server is starting
                 time.sleep(0.1)
         assert "No run in" in page.inner_text("#live")
         run = subprocess.Popen(

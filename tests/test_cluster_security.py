@@ -90,7 +90,7 @@ def test_a_hostile_peer_writes_nothing_outside_the_node_cache(tmp_path, monkeypa
     monkeypatch.setenv("DEVICELAB_NODE_CACHE", str(cache))
     data = b"x" * 3000
     sha = hashlib.sha256(data).hexdigest()
-    read = lambda off, n: data[off : off + n]  # noqa: E731
+    read = lambda off, n: data[off : off + n]
     outside = tmp_path / "outside"
     for bad in (("../../" + sha[:10], "m"), (sha, "../../evil"), (sha, "..")):
         with pytest.raises(RetryableError, match="from a peer"):

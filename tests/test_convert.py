@@ -11,7 +11,7 @@ from conftest import devicelab
 
 pytest.importorskip("torch", reason="needs the [convert] extra: pip install -e '.[convert]'")
 pytest.importorskip("peft", reason="needs the [convert] extra: pip install -e '.[convert]'")
-import tinyllama  # noqa: E402
+import tinyllama
 
 from devicelab.ledger import ledger_path
 

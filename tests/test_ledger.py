@@ -55,6 +55,7 @@ def old_frame(path: Path, done_only: bool = True) -> pd.DataFrame:
         "ram_budget_bytes",
         "contention",
         "n_parallel",
+        "n_gpu_layers",  # typed since the columns are declared once (schema.COLUMNS): its digits were text before
     ):
         df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
     df["cpu_quota"] = pd.to_numeric(df["cpu_quota"], errors="coerce")

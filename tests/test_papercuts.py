@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.progress import Progress
 from test_views import ladder
 
-from devicelab import cli, tables
+from devicelab import console, tables
 from devicelab.build import cache
 from devicelab.errors import DevicelabError
 from devicelab.plan import Cell
@@ -87,11 +87,11 @@ def test_a_bench_only_recipe_says_what_to_add_and_still_picks_on_speed_and_memor
     assert v.reasons[0] == tables.ADD_QUALITY and "- kind: kld" in v.reasons[0]
     assert v.reasons[1].startswith("on speed and memory alone (measured): the fastest is m q2_k (80.0 tok/s")
     buf = io.StringIO()
-    old, cli.console = cli.console, Console(file=buf, width=300, color_system=None)
+    old, console.console = console.console, Console(file=buf, width=300, color_system=None)
     try:
-        cli._print_recs(_no_quality_rows(), spec)
+        console.print_recs(_no_quality_rows(), spec)
     finally:
-        cli.console = old
+        console.console = old
     out = buf.getvalue()
     assert f"phone: {tables.NO_QUALITY}" in out and "add `- kind: kld`" in out and "the smallest is m q2_k" in out
     assert tables.NO_PICK not in out
@@ -113,7 +113,7 @@ def test_the_live_line_names_the_device_once(tmp_path):
     from devicelab.serve import LIVE_FILE, LiveStatus
 
     prog = Progress(console=Console(file=io.StringIO()))
-    ev = cli._RichEvents(prog, LiveStatus(tmp_path, "r", {}))
+    ev = console.RichEvents(prog, LiveStatus(tmp_path, "r", {}))
     cell = Cell("r", "local", "smollm2-135m", "q8_0", "bench", {"threads": 1}, "abc")
     ev.lane("local", cell.label())
     ev.lane("pixel", "connecting")

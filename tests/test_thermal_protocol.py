@@ -48,7 +48,7 @@ def test_baseline_kept_wait_until_cool_and_a_bounded_wait(tmp_path, host_build, 
     root = tmp_path / "sysfs"
     zone = Zone(root)
     zone.start()
-    run = lambda threads, timeout: fixture_board_run(  # noqa: E731
+    run = lambda threads, timeout: fixture_board_run(
         tmp_path,
         root,
         "thermal",

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from rich.console import Console
 
-from devicelab import cli, recipes, tables
+from devicelab import console, recipes, tables
 from devicelab.build import backends
 from devicelab.ledger import LEDGER_FILE, ledger_path
 from devicelab.recipes import RecommendSpec
@@ -116,12 +116,12 @@ def test_measuring_then_judging_check_by_check():
 
 def _cli_text(rows, spec) -> str:
     buf = io.StringIO()
-    old = cli.console
-    cli.console = Console(file=buf, width=400, highlight=False, color_system=None)
+    old = console.console
+    console.console = Console(file=buf, width=400, highlight=False, color_system=None)
     try:
-        cli._print_recs(rows, spec)
+        console.print_recs(rows, spec)
     finally:
-        cli.console = old
+        console.console = old
     return buf.getvalue()
 
 

@@ -1,4 +1,5 @@
-"""Analyses over normalized rows: roofline per bench row, and the seeds' findings checked on the user's data.
+"""Analyses over normalized rows: roofline per bench row, and the findings of an on-device study (STUDY) checked on
+the user's data.
 
 Roofline: decode reads every weight once per token plus the KV cache so far, so its limit is
 bandwidth ÷ (weight bytes + KV bytes per token × context); prefill reads the weights once per micro-batch;
@@ -87,9 +88,13 @@ def _spearman(x, y) -> float:
     return float(pd.Series(x).rank().corr(pd.Series(y).rank()))
 
 
-# Each seed claim, checked on one device's and model's figures per quant (found for every device and model at once,
-# in `_PerQuant`): (claim, held: True/False/None = not enough data, evidence), or None where the rows cannot speak
-# to it.
+# the study whose findings `findings` checks: decode speed against bits per weight, the quality knee near 3.5 bits per
+# weight, a larger model at a lower bit width against a smaller one at a higher, the laptop/server sweeps
+STUDY = "A Systematic Evaluation of On-Device LLMs: Quantization, Performance, and Resources"
+
+# Each of the study's claims, checked on one device's and model's figures per quant (found for every device and
+# model at once, in `_PerQuant`): (claim, held: True/False/None = not enough data, evidence), or None where the
+# rows cannot speak to it.
 
 GROUP = ["device", "model"]
 
@@ -232,7 +237,7 @@ FINDINGS_READ += ("cpu_quota", "contention")
 
 
 def findings(rows: pd.DataFrame) -> list[dict]:
-    """Each seed claim: claim, held (True/False/None = not enough data), evidence."""
+    """Each of the study's claims: claim, held (True/False/None = not enough data), evidence."""
     rows = rows[[c for c in FINDINGS_READ if c in rows.columns]]
     found = []
     plain = rows[(rows.contention.fillna(0) == 0) & rows.cpu_quota.isna()]

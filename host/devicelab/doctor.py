@@ -37,6 +37,7 @@ from .schema import METRICS
 from .telemetry import sampler_csv, sources
 from .telemetry.normalize import NO_POWER
 from .transports import open_transport
+from .transports.commands import KitScript, SampleOnce
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MARK = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "-"}
@@ -91,7 +92,6 @@ payloads:
   - {{kind: bench, prompt: [32], gen: [16], repetitions: 2}}
 recommend: {{context: 512}}
 """
-LOOKUP = 'for c in "$@"; do command -v "$c" >/dev/null 2>&1 && echo "$c"; done'
 VERSIONS = r"""echo "uname: $(uname -a 2>/dev/null)"
 echo "user: $(id -un 2>/dev/null)"
 s=$(command -v sh); echo "sh: $s $(ls -l "$s" 2>/dev/null | sed 's/.* -> /-> /;/->/!d')"
@@ -214,7 +214,7 @@ def read_live(fmt: str, text: str, name: str) -> tuple[dict | None, str | None]:
             return captures.read(fmt, p), None
         except captures.Unsupported as e:
             return None, " ".join(str(e).split())
-        except Exception as e:  # noqa: BLE001 - a reader that breaks on a real device is a finding, said in the bundle
+        except Exception as e:  # a reader that breaks on a real device is a finding, said in the bundle
             return None, f"the reader failed: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
 
 
@@ -250,7 +250,7 @@ def examine(
         if v.t is not None:
             try:
                 v.t.close()
-            except Exception:  # noqa: BLE001 - closing a link that broke
+            except Exception:  # closing a link that broke
                 pass
     return v.rep
 
@@ -261,7 +261,7 @@ def _guarded(v: _Visit, step) -> None:
         step(v)
     except _Stop:
         raise
-    except Exception as e:  # noqa: BLE001 - doctor says what broke and goes on to the next check
+    except Exception as e:  # doctor says what broke and goes on to the next check
         title = (step.__doc__ or step.__name__).strip().splitlines()[0].rstrip(".")
         v.add(
             title,
@@ -285,9 +285,8 @@ def _reachable(v: _Visit) -> None:
     try:
         v.t = open_transport(v.dev)
         v.t.connect()
-        r = v.t.run(["true"], timeout=60)
-        err = "" if r.rc == 0 else f"connected, but `true` exited {r.rc}: {r.stderr.strip()[:200]}"
-    except Exception as e:  # noqa: BLE001 - whatever stops the link is this check's answer
+        err = "" if v.t.alive(timeout=60) else "connected, but the device did not answer a command"
+    except Exception as e:  # whatever stops the link is this check's answer
         err = " ".join(str(e).split()) or type(e).__name__
     if err:
         v.add(
@@ -321,7 +320,7 @@ def _userland(v: _Visit) -> None:
         v.add("shell and userland", OK, "none needed: its transport does the device scripts' work itself")
         return
     names = [*REQUIRED, *[c for group in ANY_OF for c in group], *OPTIONAL]
-    found = set(v.t.sh(LOOKUP, *names, timeout=60).stdout.split())
+    found = v.t.commands_present(names, timeout=60)
     v.tools = sources.detect(v.t)
     missing = [f"{c} ({why})" for c, why in REQUIRED.items() if c not in found]
     missing += [f"one of {', '.join(g)} ({why})" for g, why in ANY_OF.items() if not set(g) & found]
@@ -353,7 +352,7 @@ def _workdir(v: _Visit) -> None:
     probe = posixpath.join(wd, "doctor", f"w-{os.getpid()}")
     try:
         v.t.mkdir(posixpath.dirname(probe))
-        v.t.sh(': > "$1"', probe, timeout=60)
+        v.t.touch(probe, timeout=60)
         ok = v.t.exists(probe)
     except (DevicelabError, OSError) as e:
         ok, why = False, str(e)
@@ -367,7 +366,7 @@ def _workdir(v: _Visit) -> None:
             "give the device entry a `workdir:` the transport's user may write (and with a few GB free)",
         )
         raise _Stop
-    v.t.run(["rm", "-f", probe], timeout=60)
+    v.t.remove(probe, timeout=60)
     v.add("work folder", OK, f"{wd} is writable (its free space: with the facts below)")
 
 
@@ -376,7 +375,7 @@ def _push(v: _Visit) -> None:
     data = hashlib.shake_256(b"devicelab doctor").digest(PUSH_BYTES)  # the same bytes every time: one cache entry
     sha, name = hashlib.sha256(data).hexdigest(), "doctor-push.bin"
     dst = push.remote_path(v.t, sha, name)
-    v.t.run(["rm", "-f", dst + ".ok", dst], timeout=60)  # sent again, whatever an earlier doctor left
+    v.t.remove(dst + ".ok", dst, timeout=60)  # sent again, whatever an earlier doctor left
     with tempfile.TemporaryDirectory(prefix="devicelab-doctor-") as d:
         src = Path(d) / name
         src.write_bytes(data)
@@ -385,7 +384,7 @@ def _push(v: _Visit) -> None:
         dt = time.time() - t0
     again = push.present(v.t, sha, name)
     there = v.t.sha256(got)
-    v.t.run(["rm", "-f", got + ".ok", got], timeout=60)
+    v.t.remove(got + ".ok", got, timeout=60)
     if there != sha or again != got:
         v.add(
             "verified push",
@@ -406,7 +405,7 @@ def _push(v: _Visit) -> None:
 def _facts(v: _Visit) -> None:
     """device facts"""
     v.kit = kitmod.ensure(v.t)
-    r = v.t.run(["sh", f"{v.kit}/facts.sh", v.t.workdir(), v.dev.telemetry_root], timeout=120)
+    r = v.t.execute(KitScript(v.kit, "facts.sh", (v.t.workdir(), v.dev.telemetry_root)), timeout=120)
     v.keep("facts.txt", r.stdout, "facts.sh: the device facts every row carries")
     v.facts = f = factsmod.parse(r.stdout, type(v.t).__name__)
     v.secret("host", f.get("hostname"))
@@ -436,7 +435,7 @@ def _facts(v: _Visit) -> None:
 
 
 def _found(v: _Visit, cmd: str) -> set[str]:
-    return set(v.t.sh(LOOKUP, cmd, timeout=60).stdout.split())
+    return v.t.commands_present([cmd], timeout=60)
 
 
 def _free_space(v: _Visit) -> None:
@@ -542,10 +541,7 @@ def _telemetry(v: _Visit) -> None:
     out = posixpath.join(v.t.workdir(), "doctor", "sampler.csv")
     v.t.mkdir(posixpath.dirname(out))
     t0 = time.time()
-    v.t.run(
-        ["sh", f"{v.kit}/sampler.sh", "-o", out, "-n", str(n), "-i", str(v.asked_ms), "-R", v.dev.telemetry_root],
-        timeout=60 + 3 * SAMPLER_SECONDS,
-    )
+    v.t.execute(SampleOnce(v.kit, out, n, v.asked_ms, v.dev.telemetry_root), timeout=60 + 3 * SAMPLER_SECONDS)
     wall = time.time() - t0
     text = v.t.read_text(out) or ""
     v.keep("sampler.csv", text, f"sampler.sh -n {n} -i {v.asked_ms}: {wall:.1f} s of the device's telemetry")
@@ -600,7 +596,7 @@ def _figures(v: _Visit, s, tr, prior) -> list[str]:
         v.keep(f"{snap.name}.txt", r.stdout, " ".join(snap.argv), _snapshot_format(snap.name))
         try:
             vals = snap.rows(snap.parse(r.stdout))
-        except Exception as e:  # noqa: BLE001 - a snapshot the lab cannot parse on a real device is the finding
+        except Exception as e:  # a snapshot the lab cannot parse on a real device is the finding
             v.add(
                 f"  {snap.name}",
                 FAIL,

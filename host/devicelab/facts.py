@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from .transports.base import Transport
+from .transports.commands import KitScript
 
 
 def collect(t: Transport, kit_dir: str, root: str = "/") -> dict:
-    r = t.run(["sh", f"{kit_dir}/facts.sh", t.workdir(), root], timeout=60)
+    r = t.execute(KitScript(kit_dir, "facts.sh", (t.workdir(), root)), timeout=60)
     return parse(r.stdout, type(t).__name__)
 
 

@@ -215,7 +215,7 @@ def _sql(text: str, path: Path) -> list:
                 f"llama.cpp #15003, August 2025){'; it creates ' + ', '.join(sorted(tables)) if tables else ''}"
             )
         db.row_factory = sqlite3.Row
-        return [_typed(dict(r)) for r in db.execute(f"SELECT * FROM {table}")]  # noqa: S608 (one of two names)
+        return [_typed(dict(r)) for r in db.execute(f"SELECT * FROM {table}")]  # one of two names
     except sqlite3.Error as e:
         why = (
             f"it {denied[0]}; llama-bench's -o sql only creates its table (llama_bench, or test before "

@@ -28,8 +28,6 @@ from . import ledger_schema as ls
 from .errors import DevicelabError
 from .schema import ROW_COLUMNS, Row
 
-REAL_COLUMNS = ls.REAL_COLUMNS
-
 DONE, PENDING, RUNNING, FAILED, RETRYABLE = "done", "pending", "running", "failed", "failed-retryable"
 SKIPPED = "skipped"  # the device cannot do this cell (e.g. no cgroup to set a CPU quota): terminal, with a reason
 

@@ -17,40 +17,15 @@ import numpy as np
 
 from . import ledger_schema as ls
 from .errors import DevicelabError
-from .schema import ROW_COLUMNS
+from .schema import ROW_COLUMNS, columns
 
-INT_COLUMNS = (
-    "threads",
-    "n_prompt",
-    "n_gen",
-    "n_depth",
-    "ctx",
-    "n",
-    "model_bytes",
-    "n_params",
-    "kv_bytes_per_token",
-    "device_mem_bytes",
-    "ram_budget_bytes",
-    "contention",
-    "n_parallel",
-)
+INT_COLUMNS = columns(type="int")
+# a real number in a column ledger version 1 declared TEXT (cpu_quota) comes back as its digits: converted here
+REAL_AS_TEXT = tuple(c for c in columns(type="real") if ls.decl(c) == "TEXT")
+BOOL_COLUMNS = columns(type="bool")
 # the cell-level text columns `match` may select on (stored as written, so SQL equality is the text's)
-MATCHABLE = (
-    "run_id",
-    "cell_id",
-    "recipe",
-    "device",
-    "target",
-    "model",
-    "quant",
-    "payload",
-    "backend",
-    "lab_host",
-    "build_commit",
-    "build_key",
-    "model_sha256",
-)
-THROTTLED = {"1": True, "0": False, 1: True, 0: False, "True": True, "False": False}
+MATCHABLE = columns(match=True)
+BOOL_TEXTS = {"1": True, "0": False, 1: True, 0: False, "True": True, "False": False}
 
 
 @dataclass
@@ -177,10 +152,12 @@ def frame(db: sqlite3.Connection, sel: Selection):
     for c in INT_COLUMNS:
         if c in df.columns:
             df[c] = pd.to_numeric(df[c], errors="coerce").astype("Int64")
-    if "cpu_quota" in df.columns:
-        df["cpu_quota"] = pd.to_numeric(df["cpu_quota"], errors="coerce")
-    if "throttled" in df.columns:
-        df["throttled"] = df["throttled"].map(THROTTLED)
+    for c in REAL_AS_TEXT:
+        if c in df.columns:
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    for c in BOOL_COLUMNS:
+        if c in df.columns:
+            df[c] = df[c].map(BOOL_TEXTS)
     return df
 
 

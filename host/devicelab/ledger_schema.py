@@ -20,13 +20,13 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 
-from .schema import ROW_COLUMNS
+from .schema import CELL, COLUMN, OWN, ROW_COLUMNS, SHAPE, columns
 
 VERSION = 2
-REAL_COLUMNS = ("value", "stddev", "bpw", "temp_start_c", "temp_end_c", "battery_wh", "host_busy_cpus")
 # the row's own measurement, stored in rowdata itself
-OWN_COLUMNS = ("value", "stddev", "n", "samples")
-# what a row says beyond its cell: repeats across cells and nights
+OWN_COLUMNS = columns(part=OWN)
+# what a row says beyond its cell: repeats across cells and nights. The order the shapes table was made in and its
+# content hash is taken in (ledger version 2): fixed for good, so a shape written today finds yesterday's
 SHAPE_COLUMNS = (
     "test",
     "phase",
@@ -43,19 +43,9 @@ SHAPE_COLUMNS = (
     "flash_attn",
     "missing_reason",
 )
+assert set(SHAPE_COLUMNS) == set(columns(part=SHAPE)), "schema.COLUMNS: a shape column needs its place here"
 # big texts of a cell's context, each stored once in facts
-FACT_COLUMNS = (
-    "device_facts",
-    "build_flags",
-    "tensor_types",
-    "model_source",
-    "imatrix",
-    "energy_calibration",
-    "host_activity",
-    "base_note",
-    "ram_budget_source",
-    "battery_source",
-)
+FACT_COLUMNS = columns(part=CELL, fact=True)
 
 
 def context_columns(columns=ROW_COLUMNS) -> list[str]:
@@ -64,8 +54,10 @@ def context_columns(columns=ROW_COLUMNS) -> list[str]:
 
 
 def decl(c: str) -> str:
-    """A column's SQLite type, as version 1 declared it (its affinity decides how a value is stored)."""
-    return "REAL" if c in REAL_COLUMNS else "TEXT"
+    """A column's SQLite type, as version 1 declared it (its affinity decides how a value is stored): REAL for a
+    real number, TEXT for the rest (an integer in a TEXT column is kept as its digits)."""
+    col = COLUMN[c]
+    return col.affinity or ("REAL" if col.type == "real" else "TEXT")
 
 
 def dl_hash(*vals) -> bytes:

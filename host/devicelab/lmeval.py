@@ -45,7 +45,7 @@ def _offline() -> None:
 def _lm_eval():
     _offline()
     try:
-        import lm_eval  # noqa: F401
+        import lm_eval
         from lm_eval.tasks import TaskManager  # noqa: F401
     except ImportError as e:
         raise DevicelabError(
@@ -185,7 +185,7 @@ def _loaded_output_types(tm, tasks: list[str]) -> dict[str, str]:
 
         try:
             walk(get_task_dict(rest, tm))
-        except Exception as e:  # noqa: BLE001 - datasets' offline/missing errors: one line
+        except Exception as e:  # datasets' offline/missing errors: one line
             raise DevicelabError(
                 f"lm-eval could not load {', '.join(rest)}: {type(e).__name__}: {str(e)[:200]} "
                 "(offline: the dataset must be in your HF cache, or give local data_files)"
@@ -216,7 +216,7 @@ def evaluate(route: str, lm, tasks: list[str], include: Path | None, limit: int 
             )
         except DevicelabError:
             raise
-        except Exception as e:  # noqa: BLE001 - lm-eval, datasets, the HTTP client: one line for the cell
+        except Exception as e:  # lm-eval, datasets, the HTTP client: one line for the cell
             raise DevicelabError(
                 f"lm-eval failed on {', '.join(tasks)} ({route}): {type(e).__name__}: {str(e).strip()[:240]}"
             ) from e
@@ -356,7 +356,7 @@ def _system_info() -> str | None:
 
         info = llama_cpp.llama_print_system_info().decode(errors="replace")
         return info.strip()[:200] or None
-    except Exception:  # noqa: BLE001 - purely informational
+    except Exception:  # purely informational
         return None
 
 

@@ -53,7 +53,7 @@ def _source(spec: str) -> tuple[str | None, str]:
             return None, f"download the llama.cpp source ({req} sdist, from PyPI)"
     try:
         src = sourcemod.resolve(spec)
-    except Exception as e:  # noqa: BLE001 - the plan says what it could not tell
+    except Exception as e:  # the plan says what it could not tell
         return None, f"llama.cpp source {spec}: {e}"
     return src.commit, f"llama.cpp {src.commit[:12]} from {spec} (here already)"
 
@@ -79,7 +79,7 @@ def _model_sha(spec: str | None) -> tuple[str | None, str]:
     try:
         path = store.resolve(spec)
         return content_sha256(path), ""
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         return None, f"model {spec}: {e}"
 
 

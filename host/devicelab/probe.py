@@ -9,6 +9,7 @@ from . import kit as kitmod
 from .lab import Device
 from .telemetry import sampler_csv, sources
 from .transports import open_transport, reached_through
+from .transports.commands import SampleOnce
 
 
 def gpu_backends(t, dev: Device, facts: dict | None = None) -> str:
@@ -58,7 +59,7 @@ def probe(dev: Device) -> dict[str, tuple[bool, str]]:
     try:
         kit = kitmod.ensure(t)
         out = posixpath.join(t.workdir(), "probe.csv")
-        t.run(["sh", f"{kit}/sampler.sh", "-o", out, "-n", "1", "-i", "10", "-R", dev.telemetry_root])
+        t.execute(SampleOnce(kit, out, 1, 10, dev.telemetry_root))
         tr = sampler_csv.parse(t.read_text(out) or "")
         view = sources.ProbeView(t, tr, sources.detect(t))
         res = {s.title: s.probe(view) for s in sources.SOURCES}

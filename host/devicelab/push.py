@@ -38,7 +38,7 @@ def ensure(
         got = t.put_verified(Path(local), part, Commit(dst, ok, sha, mode))
         if got == sha:
             return dst
-    t.run(["rm", "-f", part])
+    t.remove(part)
     raise RetryableError(
         f"push of {name} to {t.name} failed verification (sha256 {got} != {sha[:16]}…); "
         "check the link and the device's free storage, then run again"

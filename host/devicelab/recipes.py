@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import kinds
 from .build.backends import Backend
 from .build.source import DEFAULT_SOURCE
-from .kinds.kld import DEFAULT_TEXT  # noqa: F401  (re-exported)
+from .kinds.kld import DEFAULT_TEXT
 from .models.ladder import DEFAULT_LADDER, check_quant
 from .models.store import DEFAULT_MODEL
 from .recipe_paths import resolve_include  # noqa: F401  (re-exported)

@@ -216,7 +216,7 @@ def knee(cs: list[Candidate]) -> dict | None:
 def _choose(cs: list[Candidate], spec: RecommendSpec, axis: str) -> tuple[Candidate | None, int]:
     """Mark the frontier, pick from the passing candidates that no other passing candidate dominates, and say
     for every candidate why it was or was not picked."""
-    same = lambda o, c: axis == "accuracy" or o.model == c.model  # noqa: E731  KLD compares within a model
+    same = lambda o, c: axis == "accuracy" or o.model == c.model  # KLD compares within a model
     for c in cs:
         c.on_frontier = not any(dominates(o, c, axis) for o in cs if o is not c and same(o, c))
     ok = [c for c in cs if c.passes]

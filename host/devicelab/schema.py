@@ -86,67 +86,101 @@ BETTER: dict[str, str | None] = {k: b for k, (_, b) in METRIC_DEFS.items()}  # n
 # phases of a timed prompt/generation test: their rows give the context a cell's memory was measured at
 TOKEN_PHASES = ("prefill", "decode", "pg")
 
-ROW_COLUMNS = [
-    "run_id",
-    "cell_id",
-    "recipe",
-    "device",
-    "target",
-    "model",
-    "quant",
-    "payload",
-    "test",
-    "threads",
-    "n_prompt",
-    "n_gen",
-    "n_depth",
-    "ctx",
-    "phase",
-    "cpu_mask",
-    "cpu_quota",
-    "contention",
-    "n_parallel",
-    "eval_route",
-    "eval_engine",
-    "governor",
-    "backend",
-    "gpu_device",
-    "n_gpu_layers",
-    "flash_attn",
-    "metric",
-    "value",
-    "unit",
-    "stddev",
-    "n",
-    "samples",
-    "missing_reason",
-    "model_sha256",
-    "model_bytes",
-    "bpw",
-    "n_params",
-    "kv_bytes_per_token",
-    "tensor_types",
-    "base_note",
-    "model_source",
-    "imatrix",
-    "build_commit",
-    "build_flags",
-    "build_key",
-    "device_facts",
-    "device_mem_bytes",
-    "lab_host",
-    "ram_budget_bytes",
-    "ram_budget_source",
-    "battery_wh",
-    "battery_source",
-    "temp_start_c",
-    "temp_end_c",
-    "throttled",
-    "energy_calibration",
-    "host_activity",
-    "host_busy_cpus",
-    "recorded_at",
-]
+
+@dataclass(frozen=True)
+class Column:
+    """One column of the normalized row, declared once: the ledger's tables, the query layer's types, the numeric
+    columns of `results`/`recommend`/`report` and the columns rows can be selected on all come from here."""
+
+    name: str
+    type: str  # text | int | real | bool | json (a JSON text)
+    part: str  # where the ledger keeps it: cell (its cell's context), shape (what the row measured), own (the value)
+    unit: str | None = None  # SI unit of the column itself ("value"'s is per metric: the `unit` column)
+    fact: bool = False  # a big text stored once in the ledger's facts table
+    match: bool = False  # rows may be selected on it in SQL (Selection.match, compare's --a/--b)
+    affinity: str | None = None  # its SQLite type where ledger version 1 declared it otherwise than its type says
+
+
+CELL, SHAPE, OWN = "cell", "shape", "own"
+COLUMNS: tuple[Column, ...] = (
+    Column("run_id", "text", CELL, match=True),
+    Column("cell_id", "text", CELL, match=True),
+    Column("recipe", "text", CELL, match=True),
+    Column("device", "text", CELL, match=True),
+    Column("target", "text", CELL, match=True),
+    Column("model", "text", CELL, match=True),
+    Column("quant", "text", CELL, match=True),
+    Column("payload", "text", CELL, match=True),
+    Column("test", "text", SHAPE),
+    Column("threads", "int", SHAPE),
+    Column("n_prompt", "int", SHAPE, "tok"),
+    Column("n_gen", "int", SHAPE, "tok"),
+    Column("n_depth", "int", SHAPE, "tok"),
+    Column("ctx", "int", SHAPE, "tok"),
+    Column("phase", "text", SHAPE),
+    Column("cpu_mask", "text", CELL),
+    Column("cpu_quota", "real", CELL, "CPU", affinity="TEXT"),
+    Column("contention", "int", CELL),
+    Column("n_parallel", "int", SHAPE),
+    Column("eval_route", "text", CELL),
+    Column("eval_engine", "text", CELL),
+    Column("governor", "text", CELL),
+    Column("backend", "text", CELL, match=True),
+    Column("gpu_device", "text", SHAPE),
+    Column("n_gpu_layers", "int", SHAPE),
+    Column("flash_attn", "text", SHAPE),
+    Column("metric", "text", SHAPE),
+    Column("value", "real", OWN),
+    Column("unit", "text", SHAPE),
+    Column("stddev", "real", OWN),
+    Column("n", "int", OWN),
+    Column("samples", "json", OWN),
+    Column("missing_reason", "text", SHAPE),
+    Column("model_sha256", "text", CELL, match=True),
+    Column("model_bytes", "int", CELL, "B"),
+    Column("bpw", "real", CELL, "bit/weight"),
+    Column("n_params", "int", CELL),
+    Column("kv_bytes_per_token", "int", CELL, "B/tok"),
+    Column("tensor_types", "json", CELL, fact=True),
+    Column("base_note", "text", CELL, fact=True),
+    Column("model_source", "json", CELL, fact=True),
+    Column("imatrix", "json", CELL, fact=True),
+    Column("build_commit", "text", CELL, match=True),
+    Column("build_flags", "json", CELL, fact=True),
+    Column("build_key", "text", CELL, match=True),
+    Column("device_facts", "json", CELL, fact=True),
+    Column("device_mem_bytes", "int", CELL, "B"),
+    Column("lab_host", "text", CELL, match=True),
+    Column("ram_budget_bytes", "int", CELL, "B"),
+    Column("ram_budget_source", "text", CELL, fact=True),
+    Column("battery_wh", "real", CELL, "Wh"),
+    Column("battery_source", "text", CELL, fact=True),
+    Column("temp_start_c", "real", CELL, "degC"),
+    Column("temp_end_c", "real", CELL, "degC"),
+    Column("throttled", "bool", CELL),
+    Column("energy_calibration", "json", CELL, fact=True),
+    Column("host_activity", "json", CELL, fact=True),
+    Column("host_busy_cpus", "real", CELL, "CPU"),
+    Column("recorded_at", "text", CELL),
+)
+COLUMN: dict[str, Column] = {c.name: c for c in COLUMNS}
+ROW_COLUMNS = [c.name for c in COLUMNS]
+
+
+def columns(*, type: str | tuple[str, ...] | None = None, part: str | None = None, **flags) -> tuple[str, ...]:
+    """The names of the declared columns of `type` (one or several), `part`, and flags (fact=True, match=True)."""
+    types = (type,) if isinstance(type, str) else type
+    return tuple(
+        c.name
+        for c in COLUMNS
+        if (types is None or c.type in types)
+        and (part is None or c.part == part)
+        and all(getattr(c, k) == v for k, v in flags.items())
+    )
+
+
+NUMERIC_COLUMNS = columns(type=("int", "real"))
+JSON_CONTEXT = columns(type="json", part=CELL)  # what a cell hands a row as an object, stored as JSON text
 
 
 @dataclass
@@ -193,15 +227,7 @@ class Row:
         d.update(base)
         d["unit"] = self.unit
         d["samples"] = json.dumps(self.samples) if self.samples is not None else None
-        for k in (
-            "tensor_types",
-            "build_flags",
-            "device_facts",
-            "energy_calibration",
-            "host_activity",
-            "model_source",
-            "imatrix",
-        ):
+        for k in JSON_CONTEXT:
             if d.get(k) is not None and not isinstance(d[k], str):
                 d[k] = json.dumps(d[k], sort_keys=True)
         d.setdefault("recorded_at", None)

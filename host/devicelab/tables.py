@@ -14,29 +14,11 @@ from .errors import DevicelabError
 from .models.gguf_info import kv_scale
 from .recipes import RecommendSpec
 from .recommend import DeviceRecommendation, recommend
+from .schema import NUMERIC_COLUMNS
 
 # what a table of rows must have for results, recommend and report to read it
 NEEDED = ("device", "model", "quant", "metric", "value", "phase", "bpw", "model_bytes")
-NUMERIC = (
-    "value",
-    "stddev",
-    "bpw",
-    "model_bytes",
-    "n_params",
-    "kv_bytes_per_token",
-    "device_mem_bytes",
-    "ram_budget_bytes",
-    "battery_wh",
-    "threads",
-    "n_prompt",
-    "n_gen",
-    "n_depth",
-    "ctx",
-    "n",
-    "n_parallel",
-    "contention",
-    "cpu_quota",
-)
+NUMERIC = NUMERIC_COLUMNS
 
 
 def load(path: Path, recipe: str | None = None) -> pd.DataFrame:
@@ -58,7 +40,7 @@ def load(path: Path, recipe: str | None = None) -> pd.DataFrame:
         raise
     except UnicodeDecodeError as e:
         raise DevicelabError(f"{p}: not UTF-8 text; give the CSV as `devicelab results --export` wrote it") from e
-    except Exception as e:  # noqa: BLE001 - pyarrow/pandas parse errors of every kind: one line
+    except Exception as e:  # pyarrow/pandas parse errors of every kind: one line
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DevicelabError(f"{p}: not a readable {p.suffix[1:]} table ({msg[:200]})") from e
     missing = [c for c in NEEDED if c not in df.columns]
@@ -259,7 +241,7 @@ def reasons(r: DeviceRecommendation) -> tuple[str, ...]:
     out, c = [], r.pick or r.unjudged.get("smallest") or (r.candidates[0] if r.candidates else None)
     if c is None:
         return ()
-    mib = lambda b: f"{b / 1024**2:.0f} MiB"  # noqa: E731
+    mib = lambda b: f"{b / 1024**2:.0f} MiB"
     if c.ram_budget is not None:
         out.append(
             f"RAM: {c.model} {c.quant} needs {mib(c.ram_need)} (weights {mib(c.model_bytes)} + KV "

@@ -93,7 +93,7 @@ def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -
     remote_src = posixpath.join(t.workdir(), "src", src.commit[:12])
     cached = push.ensure(t, tarball, sha256_file(tarball), "src.tar.gz")
     t.mkdir(remote_src)
-    t.run(["cp", "-f", cached, posixpath.join(remote_src, "src.tar.gz")])
+    t.copy(cached, posixpath.join(remote_src, "src.tar.gz"))
     if jobs is None:
         r = t.sh("getconf _NPROCESSORS_ONLN 2>/dev/null || sysctl -n hw.ncpu")
         jobs = int(r.stdout.strip() or 2)
@@ -112,7 +112,7 @@ def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -
     for tool in target.tools:
         src_bin = posixpath.join(build_dir, "bin", tool)
         dst = posixpath.join(root, "bin", tool)
-        if t.run(["cp", "-f", src_bin, dst]).rc != 0:
+        if t.copy(src_bin, dst).rc != 0:
             raise DevicelabError(f"build on {t.name} produced no {tool}")
         tools[tool] = t.sha256(dst)
     manifest = {

@@ -149,7 +149,7 @@ class ClusterPlacement:
         while True:
             try:
                 items = self.queue.get_nowait_batch(max(1, self.queue.size()))
-            except Exception:  # noqa: BLE001 - empty
+            except Exception:  # empty
                 return
             if not items:
                 return
@@ -198,7 +198,7 @@ class ClusterPlacement:
             st.ready = None
             try:
                 there = self.ray.get(got[0])
-            except Exception as e:  # noqa: BLE001 - the host went away before the lane started
+            except Exception as e:  # the host went away before the lane started
                 self._fail_rest(
                     st,
                     f"{name}: lab host {host} went away before its lane started "
@@ -233,7 +233,7 @@ class ClusterPlacement:
         try:
             self.ray.get(got[0])
             st.done = True
-        except Exception as e:  # noqa: BLE001 - its node died, or the actor did
+        except Exception as e:  # its node died, or the actor did
             self._fail_rest(
                 st,
                 f"{st.device.name}: lab host {st.where[1]} went away during the run "

@@ -78,7 +78,7 @@ def _field(reader, key, default=None):
         return default
     try:
         return f.contents()
-    except Exception:  # noqa: BLE001 - a malformed optional field must not stop reading
+    except Exception:  # a malformed optional field must not stop reading
         return default
 
 
@@ -131,10 +131,10 @@ def read(path: Path) -> ModelInfo:
         raise DevicelabError(f"model file {path} does not exist; give the path of a .gguf file")
     try:
         r = GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         raise DevicelabError(f"{path} is not a readable GGUF file ({e}); give a .gguf model") from e
     arch = _field(r, "general.architecture", "unknown")
-    a = lambda k: _field(r, f"{arch}.{k}")  # noqa: E731
+    a = lambda k: _field(r, f"{arch}.{k}")
     counts, tbytes, tparams = Counter(), Counter(), Counter()
     n_params = 0
     parts = split_parts(path, _field(r, "split.count", 1) or 1)

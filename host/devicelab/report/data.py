@@ -231,7 +231,7 @@ def _phases(base: Path) -> list[dict]:
             for p in kinds.get(meta["payload"]).parse(a).phases
             if p.kind in ("prefill", "decode", "pg")
         ]
-    except Exception:  # noqa: BLE001 - a trace without its phases is still a trace
+    except Exception:  # a trace without its phases is still a trace
         return []
 
 

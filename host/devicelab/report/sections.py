@@ -1,7 +1,7 @@
 """The explorer's HTML sections that are text and tables: the recommendation (the constraints in sentences, the
 pick, every candidate and why it lost, the minimum-RAM and KV tables), the results table, the roofline and the
-seeds' findings, the builds. Every table row carries the filter fields (data-device, data-model, …) so the page's
-filters hide what they exclude."""
+findings of the on-device study analysis.STUDY, the builds. Every table row carries the filter fields (data-device,
+data-model, …) so the page's filters hide what they exclude."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import html
 
 import pandas as pd
 
-from ..analysis import findings, roofline
+from ..analysis import STUDY, findings, roofline
 from ..tables import NONE, RecommendationView, Table, wide
 
 E = html.escape
@@ -142,7 +142,7 @@ def findings_section(rows: pd.DataFrame) -> str:
             f"({E(f['evidence'])})</li>"
         )
     return (
-        "<section id='findings'><h2>The seeds' findings on this data</h2><ul>"
+        f"<section id='findings'><h2>The findings of “{E(STUDY)}” on this data</h2><ul>"
         + "".join(items)
         + (f"<li>{NONE}</li>" if not items else "")
         + "</ul></section>"

@@ -130,7 +130,7 @@ def reparse(led, recipe: str | None = None) -> tuple[int, int, list[str]]:
             continue
         try:
             rows, _ = derive(base)
-        except Exception as e:  # noqa: BLE001 - one cell's garbage is that cell's: its rows are kept
+        except Exception as e:  # one cell's garbage is that cell's: its rows are kept
             problems.append(
                 f"{c['cell_id']} ({c['device']} {c['model']} {c['quant']} {c['payload']}): "
                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; its rows are kept"

@@ -25,6 +25,7 @@ from ..proc import tail
 from ..schema import Row
 from ..telemetry import snapshots, sources
 from ..transports.base import CommandResult
+from ..transports.commands import PayloadRun
 from . import artifacts
 from .conditions import Contention, Quota
 from .session import DeviceSession, read_pids
@@ -165,7 +166,7 @@ class Payload:
 
     name: str  # 'main' or the kind's name for a further run
     argv: list[str]
-    runner: list[str]  # run_payload.sh's command line around it
+    runner: PayloadRun  # the device's command: argv under run_payload.sh
     remote: str  # its outputs on the device …
     local: Path  # … and here
 
@@ -282,16 +283,15 @@ def _measure(r: CellRun) -> None:
     with cpu.measure(r.own) if s.measures_on_host else cpu.activity(r.own) as m:
         for name, argv in r.prep.runs:
             remote = r.remote if name == "main" else posixpath.join(r.remote, name)
-            runner = [
-                "sh",
-                f"{s.link.kit}/run_payload.sh",
+            runner = PayloadRun(
+                s.link.kit,
                 remote,
-                str(r.interval_ms),
+                r.interval_ms,
                 s.device.telemetry_root,
-                "--",
-                *s.device.exec_prefix,
-                *argv,
-            ]
+                argv[0],
+                tuple(argv[1:]),
+                tuple(s.device.exec_prefix),
+            )
             _run_payload(r, Payload(name, argv, runner, remote, artifacts.run_dir(r.base, name)))
     r.host_window = (t0, time.time())
     r.host_busy = getattr(m, "others_cpus", None)
@@ -316,7 +316,7 @@ def _run_payload(r: CellRun, p: Payload) -> None:
 def _run_to_the_end(r: CellRun, p: Payload) -> None:
     """Run it, and again (LOST_TAIL_RERUNS times at most) while its output lost its last lines."""
     for _try in range(1 + LOST_TAIL_RERUNS):
-        res = r.s.t.run(p.runner, timeout=6 * 3600, env=r.env or None)
+        res = r.s.t.execute(p.runner, timeout=6 * 3600, env=r.env or None)
         _pull(r, p, res)
         if r.kind.complete(p.name, artifacts.read_run(r.base, p.name)):
             break
@@ -329,7 +329,7 @@ def _run_to_the_end(r: CellRun, p: Payload) -> None:
 
 def _pull(r: CellRun, p: Payload, res: CommandResult) -> None:
     p.local.mkdir(parents=True, exist_ok=True)
-    (p.local / "argv.json").write_text(json.dumps({"argv": p.runner, "env": r.env}))
+    (p.local / "argv.json").write_text(json.dumps({"argv": p.runner.argv(), "env": r.env}))
     r.s.t.get_many(p.remote, PULLED, p.local)
     err = p.local / "stderr.txt"
     stderr = err.read_text(errors="replace") if err.exists() else res.stderr
@@ -384,9 +384,9 @@ def _now() -> str:
 # ---------------------------------------------------------------- a served cell
 def _device_clock(s: DeviceSession) -> float | None:
     """The sampler's clock (device uptime) now, to place host-side events in its trace."""
-    r = s.t.run(["cat", "/proc/uptime"], timeout=30)
+    text = s.t.read_text("/proc/uptime")
     try:
-        return float(r.stdout.split()[0])
+        return float((text or "").split()[0])
     except (ValueError, IndexError):
         return None
 
@@ -409,8 +409,8 @@ def _serve_and_drive(r: CellRun, p: Payload) -> dict:
 
     def serve():
         try:
-            box["res"] = t.run(p.runner, timeout=6 * 3600, env=r.env or None)
-        except BaseException as e:  # noqa: BLE001 - re-raised on the lane's thread
+            box["res"] = t.execute(p.runner, timeout=6 * 3600, env=r.env or None)
+        except BaseException as e:  # re-raised on the lane's thread
             box["err"] = e
 
     th = threading.Thread(target=serve, daemon=True, name=f"server {r.cell.cell_id}")
@@ -435,7 +435,7 @@ def _serve_and_drive(r: CellRun, p: Payload) -> dict:
         raise RetryableError(f"{r.cell.label()}: the forwarded port to the server failed: {failure}") from failure
     if failure is not None:
         raise failure
-    res = box.get("res") or CommandResult(p.runner, 124, "", "the server did not stop")
+    res = box.get("res") or CommandResult(p.runner.argv(), 124, "", "the server did not stop")
     if res.rc in (130, 143):  # stopped by us (SIGINT/SIGTERM): the payload's normal end here
         res = CommandResult(res.argv, 0, res.stdout, res.stderr)
     _pull(r, p, res)
@@ -446,10 +446,10 @@ def _stop_server(s: DeviceSession, p: Payload, th: threading.Thread) -> None:
     try:
         pid = _payload_pid(s, p.remote)
         if pid:
-            s.t.run(["kill", pid])
+            s.t.kill(pid)
             th.join(60)
             if th.is_alive():
-                s.t.run(["kill", "-9", pid])
+                s.t.kill(pid, force=True)
     except (DevicelabError, OSError):
         pass  # the device is gone: its thread says so
     th.join(120)

@@ -10,6 +10,7 @@ from typing import Callable
 
 from ..kinds.base import SkipCell
 from ..transports.base import Transport, quote_argv
+from ..transports.commands import KitScript
 
 
 class Condition:
@@ -36,7 +37,8 @@ class Quota(Condition):
         self.provenance = {"cpu_quota": cores}
 
     def __enter__(self):
-        r = self.t.run(["sh", f"{self.kit}/cgroup.sh", "create", self.name, str(int(self.cores * 100000)), "100000"])
+        create = ("create", self.name, str(int(self.cores * 100000)), "100000")
+        r = self.t.execute(KitScript(self.kit, "cgroup.sh", create))
         out = r.stdout.strip()
         if not out or out.startswith("unsupported"):
             raise SkipCell(f"CPU quota not available on {self.device}: {out or r.stderr.strip()}")
@@ -47,8 +49,8 @@ class Quota(Condition):
     def __exit__(self, *exc):
         if self.cgroup:
             try:
-                self.t.run(["sh", f"{self.kit}/cgroup.sh", "remove", self.cgroup])
-            except Exception:  # noqa: BLE001 - the device went away: the cell's own error says so
+                self.t.execute(KitScript(self.kit, "cgroup.sh", ("remove", self.cgroup)))
+            except Exception:  # the device went away: the cell's own error says so
                 if exc[0] is None:
                     raise
         return False
@@ -74,10 +76,10 @@ class Governor(Condition):
         self.state = posixpath.join(t.workdir(), "governor.saved")
 
     def _cmd(self, args: list[str]) -> str:
-        argv = ["sh", f"{self.kit}/governor.sh", *args]
-        out = self.t.run(argv, timeout=60).stdout.strip()
-        if "permission denied" in out:
-            su = self.t.run(["su", "-c", quote_argv(argv)], timeout=60)
+        cmd = KitScript(self.kit, "governor.sh", tuple(args))
+        out = self.t.execute(cmd, timeout=60).stdout.strip()
+        if "permission denied" in out:  # a rooted phone: the same script as root, through su's shell
+            su = self.t.run(["su", "-c", quote_argv(cmd.argv())], timeout=60)
             if su.rc == 0 and su.stdout.strip():
                 out = su.stdout.strip()
         return out
@@ -96,7 +98,7 @@ class Governor(Condition):
         if self.provenance.get("governor", "").startswith("pinned"):
             try:
                 self._cmd(["restore", self.state, self.root])
-            except Exception:  # noqa: BLE001
+            except Exception:
                 if exc[0] is None:
                     raise
         return False

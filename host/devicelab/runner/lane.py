@@ -200,7 +200,7 @@ class Lane:
                             todo, f"{name}: the device went away ({gone}); run again once it is back", retryable=True
                         )
                         todo = []
-        except Exception as e:  # noqa: BLE001 - setup (connect, kit, facts, target, build) or teardown
+        except Exception as e:  # setup (connect, kit, facts, target, build) or teardown
             why = "interrupted by the user" if self.stop.is_set() else f"{name}: {one_line(e)}"
             if self.session is None or todo:
                 self._fail(todo, why, retryable=isinstance(e, TRANSIENT))
@@ -229,7 +229,7 @@ class Lane:
             self.ran += 1
             st = self.ledger.status(c.cell_id)
             self.ev.cell_done(c, True, f"skipped: {self.ledger.cell(c.cell_id)['error']}" if st == SKIPPED else "")
-        except Exception as e:  # noqa: BLE001 - any error of one cell is that cell's
+        except Exception as e:  # any error of one cell is that cell's
             if self.stop.is_set():
                 self._fail([c], "interrupted by the user", retryable=True)
                 return None

@@ -98,8 +98,8 @@ class Link:
 
     def alive(self) -> bool:
         try:
-            return self.t.run(["true"], timeout=30).rc == 0
-        except Exception:  # noqa: BLE001 - any failure to reach it means it is gone
+            return self.t.alive(timeout=30)
+        except Exception:  # any failure to reach it means it is gone
             return False
 
     def stop(self, remote: str, timeout: float | None = None) -> int:
@@ -108,7 +108,7 @@ class Link:
         n = 0
         for pids in read_pids(self.t, remote).values():
             for pid in pids:
-                n += self.t.run(["kill", pid], timeout=timeout).rc == 0
+                n += self.t.kill(pid, timeout=timeout)
         return n
 
     @property
@@ -124,7 +124,7 @@ class Link:
             return
         if self.stop(left, timeout=30):
             warn(f"a payload left running by an earlier run ({left}) was stopped first")
-        self.t.run(["rm", "-f", self.current_file], timeout=30)
+        self.t.remove(self.current_file, timeout=30)
 
 
 # ==================================================================== the builds
@@ -439,5 +439,5 @@ class DeviceSession:
                     break
                 time.sleep(0.1)
             self.link.stop(remote, timeout=10)
-        except Exception:  # noqa: BLE001 - best effort: the device may be gone already
+        except Exception:  # best effort: the device may be gone already
             pass

@@ -160,8 +160,8 @@ def _phase_energy(src: Energy | None, ph: Phase) -> list[Row]:
     rows = [Row(metric="energy", value=e, **kw), Row(metric="power_mean", value=e / dur, **kw)]
     if ph.tokens:
         rows.append(Row(metric="energy_per_token", value=e / ph.tokens, **kw))
-    if ph.kind == "pg" and ph.reps:
-        rows.append(Row(metric="wh_per_prompt", value=e / ph.reps / 3600, **kw))  # the seeds' energy per instruction
+    if ph.kind == "pg" and ph.reps:  # energy per prompt, as on-device studies report it
+        rows.append(Row(metric="wh_per_prompt", value=e / ph.reps / 3600, **kw))
     return rows
 
 

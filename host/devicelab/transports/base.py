@@ -17,6 +17,7 @@ from typing import Iterator, Sequence
 
 from .. import paths
 from ..errors import DevicelabError, RetryableError
+from .commands import Command
 
 
 @dataclass
@@ -145,6 +146,38 @@ class Transport(ABC):
         """A local TCP port on 127.0.0.1 that reaches 127.0.0.1:remote_port on the device while the
         context is open (llama-server evals). The default: the device is this machine."""
         yield remote_port
+
+    # ---- what the lab asks of every device, built on run(); a device without a shell does each its own way ----
+    def execute(
+        self, cmd: Command, *, timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> CommandResult:
+        """Run a structured command (transports/commands.py): a device with a POSIX shell runs its shell form."""
+        return self.run(cmd.argv(), timeout=timeout, env=env)
+
+    def alive(self, timeout: float = 30) -> bool:
+        """Whether the device answers a command now."""
+        return self.run(["true"], timeout=timeout).rc == 0
+
+    def kill(self, pid: str, *, force: bool = False, timeout: float | None = None) -> bool:
+        """Signal a device process to end (SIGTERM; SIGKILL with `force`); whether it was still there."""
+        return self.run(["kill", *(["-9"] if force else []), str(pid)], timeout=timeout).rc == 0
+
+    def remove(self, *remote: str, timeout: float | None = None) -> None:
+        """Delete device files; one that is not there is no error."""
+        self.run(["rm", "-f", *remote], timeout=timeout)
+
+    def copy(self, src: str, dst: str) -> CommandResult:
+        """Copy a device file to another device path."""
+        return self.run(["cp", "-f", src, dst])
+
+    def touch(self, remote: str, timeout: float | None = None) -> CommandResult:
+        """Create (or empty) a device file: a marker."""
+        return self.sh(': > "$1"', remote, timeout=timeout)
+
+    def commands_present(self, names: Sequence[str], timeout: float | None = None) -> set[str]:
+        """Which of the device commands `names` this device has: one round trip."""
+        r = self.sh('for c in "$@"; do command -v "$c" >/dev/null 2>&1 && echo "$c"; done', *names, timeout=timeout)
+        return set(r.stdout.split())
 
     # ---- generic helpers built on run(); transports may override with faster paths ----
     def sh(self, script: str, *args: str, timeout: float | None = None) -> CommandResult:

@@ -1,20 +1,20 @@
 """An iPhone or iPad, chained through its Mac's SSH transport (pyinfra's `chain`): every device command becomes an
 `xcrun devicectl` command line run on the Mac. A phone that is not jailbroken runs no pushed binary and has no
-shell, so the commands the rest of devicelab issues are translated here into the devicelab app's harness
-(device_payloads/harness/: llama.cpp's tools under one executable, `run`, `facts`, `sha256`, `commit`, `fs …`)
-launched with `devicectl device process launch --console`, or into devicectl's own file copies and process
+shell, so what the rest of devicelab asks (structured commands, the transport's operations) is done here by the
+app's harness (device_payloads/harness/: llama.cpp's tools under one executable, `run`, `facts`, `sha256`, `commit`,
+`fs …`) launched with `devicectl device process launch --console`, or into devicectl's own file copies and process
 operations. Nothing above the transports learns it is an iPhone.
 
-    sh KIT/run_payload.sh OUT MS ROOT -- TOOL ARGS   → harness run OUT MS ROOT -- TOOL ARGS  (then OUT/exit_code)
-    sh KIT/facts.sh WD ROOT                          → harness facts WD ROOT, with devicectl's device facts
-    sh KIT/sampler.sh -o OUT -n 1 …                  → one short harness run, its telemetry.csv copied to OUT
-    sh KIT/thermal.sh ROOT                           → none (iOS says a thermal state, the harness samples it)
-    TOOL ARGS (a llama.cpp tool)                     → harness TOOL ARGS
-    sha256 / put_verified (commit) / mkdir / cp / rm / touch → harness sha256 / commit / fs …
-    test -e, cat, get, get_many                      → devicectl copy from (no launch: a running app is left alone)
-    kill [-9] PID                                    → devicectl device process terminate [--kill]
-    true                                             → devicectl device info details
-    the sources' `command -v` look-up                → nothing found (an iPhone has no shell commands)
+    PayloadRun (a tool under the sampler)            → harness run OUT MS ROOT -- TOOL ARGS  (then OUT/exit_code)
+    KitScript facts.sh                               → harness facts WD ROOT, with devicectl's device facts
+    SampleOnce                                       → one short harness run, its telemetry.csv copied to OUT
+    KitScript thermal.sh                             → none (iOS says a thermal state, the harness samples it)
+    run(TOOL ARGS) (a llama.cpp tool)                → harness TOOL ARGS
+    sha256 / put_verified (commit) / mkdir / copy / remove / touch → harness sha256 / commit / fs …
+    exists, read_text, get, get_many                 → devicectl copy from (no launch: a running app is left alone)
+    kill(pid, force)                                 → devicectl device process terminate [--kill]
+    alive()                                          → devicectl device info details
+    commands_present(…)                              → none (an iPhone has no shell commands)
 
 Paths on the phone are relative to the app's data container (the harness's working folder); the lab's folder
 there is Documents/devicelab. A file sent to the phone goes to the Mac's verified cache first (by sha256), then
@@ -36,12 +36,11 @@ from ..errors import DevicelabError, MemoryKilled, NotMeasurable, RetryableError
 from ..hashing import sha256_file
 from . import devicectl
 from .base import CommandResult, Commit, Transport
+from .commands import Command, KitScript, PayloadRun, SampleOnce
 
 WORKDIR = "Documents/devicelab"
 KIT = f"{WORKDIR}/kit/"  # device_payloads' scripts: never pushed to a phone (their work is the app's)
 HARNESS = "devicelab-harness"  # the app's executable: the process name jetsam reports carry
-_SOURCES_LOOKUP = 'for c in "$@"; do command -v'  # telemetry/sources: which device commands exist
-_TOUCH = ': > "$1"'
 
 # on the Mac: run a devicectl command that writes FILE (a copy, a JSON listing), then print FILE; on failure its
 # output goes to stderr and the exit status is 3
@@ -270,69 +269,59 @@ class IOSTransport(Transport):
         cwd: str | None = None,
         env: dict[str, str] | None = None,
     ) -> CommandResult:
+        """One of llama.cpp's tools, in the harness (`TOOL ARGS`, the tool by its path in a build); an iPhone runs
+        nothing else by command line: the lab's other requests come as structured commands (`execute`) and the
+        transport's own operations (alive, kill, remove, copy, touch, …)."""
         argv = [str(a) for a in argv]
         if cwd:
             raise DevicelabError(f"{self.name}: an iPhone's app runs in its own container (no working folder {cwd})")
-        if not argv:
-            raise DevicelabError(f"{self.name}: empty command")
-        head = argv[0]
-        if head == "true":
-            r = self.mac.run(self._argv(devicectl.info_details(self.udid)), timeout=timeout or 60)
-            return CommandResult(argv, r.rc, "", r.stderr)
-        if head == "sh" and len(argv) >= 3 and argv[1] == "-c":
-            return self._script(argv, timeout)
-        if head == "sh" and len(argv) >= 2:
-            return self._kit(argv, timeout, env)
-        if head == "kill":
-            kill = "-9" in argv[1:-1]
-            r = self.mac.run(self._argv(devicectl.terminate(self.udid, argv[-1], kill)), timeout=timeout or 60)
-            return CommandResult(argv, r.rc, "", devicectl.first_error(r.stderr) if r.rc else "")
-        if head == "test" and len(argv) == 3:
-            return CommandResult(argv, 0 if self.exists(argv[2]) else 1, "", "")
-        if head == "cat" and len(argv) == 2:
-            text = self.read_text(argv[1])
-            return CommandResult(argv, 0 if text is not None else 1, text or "", "" if text is not None else "absent")
-        if head in ("cp", "mkdir", "rm") and argv[1:2] in (["-f"], ["-p"]) and len(argv) >= 3:
-            op = {"cp": "cp", "mkdir": "mkdir", "rm": "rm"}[head]
-            return self.launch(["fs", op, *argv[2:]], timeout=timeout or 600)
-        if posixpath.basename(head).startswith("llama-"):  # one of llama.cpp's tools, in the harness
-            return self.launch([posixpath.basename(head), *argv[1:]], env=env, timeout=timeout)
-        raise self._unknown(argv)
-
-    def _unknown(self, argv: list[str]) -> DevicelabError:
-        return DevicelabError(
+        if argv and posixpath.basename(argv[0]).startswith("llama-"):
+            return self.launch([posixpath.basename(argv[0]), *argv[1:]], env=env, timeout=timeout)
+        raise DevicelabError(
             f"{self.name} is an iPhone/iPad: its app cannot run `{' '.join(argv[:2])[:80]}` (it runs llama.cpp's "
             "tools, a payload under its sampler, facts, sha256 and file operations)"
         )
 
-    def _script(self, argv: list[str], timeout) -> CommandResult:
-        script, args = argv[2], argv[4:]
-        if script.startswith(_SOURCES_LOOKUP):
-            return CommandResult(argv, 0, "", "")  # an iPhone has none of the sources' device commands
-        if script == _TOUCH and len(args) == 1:
-            return self.launch(["fs", "touch", args[0]], timeout=timeout or 600)
-        raise self._unknown(argv)
-
-    def _kit(self, argv: list[str], timeout, env) -> CommandResult:
-        script, args = posixpath.basename(argv[1]), argv[2:]
-        if script == "run_payload.sh":
-            return self._run_payload(argv, args, timeout, env)
-        if script == "facts.sh":
-            return self._facts(argv, args)
-        if script == "thermal.sh":
-            return CommandResult(argv, 1, "", "no thermal zones on iOS: the app samples its thermal state")
-        if script == "sampler.sh" and "-o" in args:
-            return self._sample_once(argv, args)
-        if script in ("cgroup.sh", "governor.sh"):
+    def execute(
+        self, cmd: Command, *, timeout: float | None = None, env: dict[str, str] | None = None
+    ) -> CommandResult:
+        """The lab's structured commands, each as the harness does it."""
+        if isinstance(cmd, PayloadRun):
+            return self._run_payload(cmd, timeout, env)
+        if isinstance(cmd, SampleOnce):
+            return self._sample_once(cmd)
+        if cmd.script == "facts.sh":
+            return self._facts(cmd)
+        if cmd.script == "thermal.sh":
+            return CommandResult(cmd.argv(), 1, "", "no thermal zones on iOS: the app samples its thermal state")
+        if cmd.script in ("cgroup.sh", "governor.sh"):
             raise DevicelabError(
                 f"{self.name} is an iPhone/iPad: iOS gives an app no CPU quota or governor; drop quota/governor "
                 "for it in the recipe and the lab file"
             )
-        raise self._unknown(argv)
+        raise DevicelabError(f"{self.name} is an iPhone/iPad: its app has no {cmd.script}")
+
+    def alive(self, timeout: float = 30) -> bool:
+        return self.mac.run(self._argv(devicectl.info_details(self.udid)), timeout=timeout or 60).rc == 0
+
+    def kill(self, pid: str, *, force: bool = False, timeout: float | None = None) -> bool:
+        return self.mac.run(self._argv(devicectl.terminate(self.udid, str(pid), force)), timeout=timeout or 60).rc == 0
+
+    def remove(self, *remote: str, timeout: float | None = None) -> None:
+        self.launch(["fs", "rm", *remote], timeout=timeout or 600)
+
+    def copy(self, src: str, dst: str) -> CommandResult:
+        return self.launch(["fs", "cp", src, dst], timeout=600)
+
+    def touch(self, remote: str, timeout: float | None = None) -> CommandResult:
+        return self.launch(["fs", "touch", remote], timeout=timeout or 600)
+
+    def commands_present(self, names: Sequence[str], timeout: float | None = None) -> set[str]:
+        return set()  # an iPhone has no shell commands: its app samples what the sources would
 
     # ---------------------------------------------------------------- the harness's subcommands
-    def _facts(self, argv: list[str], args: list[str]) -> CommandResult:
-        r = self.launch(["facts", *args[:2]], timeout=120)
+    def _facts(self, cmd: KitScript) -> CommandResult:
+        r = self.launch(["facts", *cmd.args[:2]], timeout=120)
         facts: dict[str, str] = {}
         for line in r.stdout.splitlines():
             k, sep, v = line.partition("=")
@@ -341,33 +330,30 @@ class IOSTransport(Transport):
         d = self.device_info(refresh=True)
         if d is not None:
             facts.update(d.facts())  # devicectl knows the model, chip and iOS version; the harness its own process
-        return CommandResult(argv, r.rc, "".join(f"{k}={v}\n" for k, v in facts.items()), r.stderr)
+        return CommandResult(cmd.argv(), r.rc, "".join(f"{k}={v}\n" for k, v in facts.items()), r.stderr)
 
-    def _sample_once(self, argv: list[str], args: list[str]) -> CommandResult:
-        """The sampler's one-tick probe: a short harness run (its sampler writes telemetry.csv), copied to OUT."""
-        out = args[args.index("-o") + 1]
-        root = args[args.index("-R") + 1] if "-R" in args else "/"
-        folder = out + ".d"
-        r = self.launch(["run", folder, "10", root, "--", "llama-bench", "--list-devices"], timeout=120)
-        self.launch(["fs", "cp", posixpath.join(folder, "telemetry.csv"), out], timeout=120)
-        return CommandResult(argv, r.rc, "", r.stderr)
+    def _sample_once(self, cmd: SampleOnce) -> CommandResult:
+        """The sampler's probe: a short harness run (its sampler writes telemetry.csv), copied to OUT."""
+        folder = cmd.out + ".d"
+        r = self.launch(["run", folder, "10", cmd.telemetry_root, "--", "llama-bench", "--list-devices"], timeout=120)
+        self.launch(["fs", "cp", posixpath.join(folder, "telemetry.csv"), cmd.out], timeout=120)
+        return CommandResult(cmd.argv(), r.rc, "", r.stderr)
 
-    def _run_payload(self, argv: list[str], args: list[str], timeout, env) -> CommandResult:
-        """run_payload.sh OUT MS ROOT -- TOOL ARGS → the harness's `run`: the tool in-process under its sampler,
-        the same files in OUT. Its exit status is the exit_code file's; none there means the app was ended."""
-        out, ms, root = args[0], args[1], args[2]
-        rest = args[3:]
-        if rest[:1] == ["--"]:
-            rest = rest[1:]
-        if not rest:
-            raise self._unknown(argv)
-        tool, targs = posixpath.basename(rest[0]), list(rest[1:])
+    def _run_payload(self, cmd: PayloadRun, timeout, env) -> CommandResult:
+        """A payload → the harness's `run`: the tool in-process under its sampler, the same files in its folder. Its
+        exit status is the exit_code file's; none there means the app was ended."""
+        if cmd.prefix:
+            raise DevicelabError(
+                f"{self.name} is an iPhone/iPad: its app runs a tool itself, not through `{' '.join(cmd.prefix)}`; "
+                "drop exec_prefix from its lab entry"
+            )
+        tool, targs = cmd.tool_name, list(cmd.args)
         if tool == "llama-server":
             targs = self._served(targs)
-        r = self.launch(["run", out, ms, root, "--", tool, *targs], env=env, timeout=timeout)
-        code = self.read_text(posixpath.join(out, "exit_code"))
+        r = self.launch(["run", cmd.out, str(cmd.interval_ms), cmd.telemetry_root, "--", tool, *targs], env, timeout)
+        code = self.read_text(posixpath.join(cmd.out, "exit_code"))
         if code is not None and code.strip().lstrip("-").isdigit():
-            return CommandResult(argv, int(code.strip()), r.stdout, r.stderr)
+            return CommandResult(cmd.argv(), int(code.strip()), r.stdout, r.stderr)
         mb = self._jetsam_mb()
         if mb is not None:
             raise MemoryKilled(f"killed for memory at {mb:.0f} MB: iOS ended {tool} on {self.what} (jetsam)")

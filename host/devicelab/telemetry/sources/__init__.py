@@ -95,8 +95,7 @@ def said(figure: str) -> str:
 
 def detect(t: Transport) -> set[str]:
     """The device commands sources run that this device has: one round trip."""
-    r = t.sh('for c in "$@"; do command -v "$c" >/dev/null 2>&1 && echo "$c"; done', *tools())
-    return set(r.stdout.split())
+    return t.commands_present(tools())
 
 
 # ---------------------------------------------------------------- one device, through a run

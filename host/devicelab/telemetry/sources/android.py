@@ -40,7 +40,7 @@ def battery(text: str) -> dict:
       voltage — a vendor HAL in mAh (…/redmi-note-14-hyperos3: 4274 at 80 % on a 5,500 mAh phone is 5.3 Ah as
       mAh, 5.3 mAh as µAh). Plausible in neither: missing (…/emulator-avd-2021: 10000 at 100 % beside 5.0 V)."""
     kv = kv_lines(text)
-    num = lambda k: float(kv[k]) if k in kv and re.fullmatch(r"-?\d+(\.\d+)?", kv[k]) else None  # noqa: E731
+    num = lambda k: float(kv[k]) if k in kv and re.fullmatch(r"-?\d+(\.\d+)?", kv[k]) else None
     status = int(num("status")) if num("status") is not None else None
     plugged = any(kv.get(k) == "true" for k in ("AC powered", "USB powered", "Wireless powered", "Dock powered"))
     level = (num("level") / num("scale")) if num("level") is not None and num("scale") else None

@@ -35,7 +35,7 @@ class GpuSysfs(Source):
 
     def gpu(self, tr: SamplerTrace, samples) -> dict[str, tuple[float, str]]:
         df = tr.frame
-        num = lambda c: pd.to_numeric(df[c].astype(str).str.split().str[0], errors="coerce")  # noqa: E731
+        num = lambda c: pd.to_numeric(df[c].astype(str).str.split().str[0], errors="coerce")
         vals = {}
         freq = _freq(tr, num)
         if freq:

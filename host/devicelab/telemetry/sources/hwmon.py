@@ -25,8 +25,8 @@ def power_rails(tr: SamplerTrace) -> list[tuple[str, str, np.ndarray]]:
     """(label, source columns, W per tick) of every power-monitor rail the sampler read. Unconnected channels
     (label 'NC') are left out."""
     df = tr.frame
-    label = lambda c: tr.meta.get(c, {}).get("label", "")  # noqa: E731
-    num = lambda c: pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)  # noqa: E731
+    label = lambda c: tr.meta.get(c, {}).get("label", "")
+    num = lambda c: pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
     out = [(label(c), c, num(c) / 1e6) for c in tr.columns(r".*hwmon\d+/power\d+_input")]
     for c in tr.columns(r".*hwmon\d+/curr\d+_input"):
         h, n = c.rsplit("/curr", 1)

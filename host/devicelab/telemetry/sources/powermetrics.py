@@ -88,7 +88,7 @@ def parse(raw: bytes) -> list[dict]:
             continue
         try:
             d = plistlib.loads(chunk)
-        except Exception:  # noqa: BLE001 - plistlib raises several types for a torn document
+        except Exception:  # plistlib raises several types for a torn document
             continue
         s = _sample(d)
         if s is not None:

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import pandas as pd
 
 from ...transports.base import Transport
+from ...transports.commands import KitScript
 from ..sampler_csv import SamplerTrace
 from ..units import temp_to_c
 from .base import ProbeView, Source, folder_meta
@@ -63,7 +64,7 @@ class ThermalZones(Source):
         return tr.frame[zones].apply(lambda s: pd.to_numeric(s, errors="coerce").map(temp_to_c)).max(axis=1)
 
     def temperature_now(self, t: Transport, kit: str, root: str) -> float | None:
-        r = t.run(["sh", f"{kit}/thermal.sh", root], timeout=30)
+        r = t.execute(KitScript(kit, "thermal.sh", (root,)), timeout=30)
         return parse_now(r.stdout) if r.ok else None
 
     def probe(self, v: ProbeView) -> tuple[bool, str]:
