@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -31,6 +31,17 @@ class Spec(BaseModel):
     """Base of every kind's recipe spec: unknown keys are refused."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class CellParams(BaseModel):
+    """One cell's parameters, typed: a point of its kind's sweep, as `Kind.variants` made the dict the plan stores
+    (and the cell id hashes). A kind reads its cells through `Kind.typed`, never the dict's strings. Keys a newer
+    or older devicelab wrote into a stored cell are passed over."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+C = TypeVar("C", bound=CellParams)
 
 
 # llama.cpp's KV cache types (-ctk/-ctv): a misspelt one is refused when the recipe loads, not on the device
@@ -85,11 +96,12 @@ class Prepared:
     provenance: dict = field(default_factory=dict)
 
 
-class Kind:
+class Kind(Generic[C]):
     """Override what differs; the defaults describe a per-model payload that runs on the device."""
 
     name: ClassVar[str]
     spec: ClassVar[type[Spec]]
+    cell: type[C]  # its cells' parameters, typed
     per_model: ClassVar[bool] = True  # False: once per device (a property of the device, not a model)
     # the row columns that make two of its rows comparable (compare-llama-bench's KEY_PROPERTIES): `compare` pairs
     # rows equal on all of them except what is being compared
@@ -103,6 +115,10 @@ class Kind:
         "phase",
         "metric",
     )
+
+    def typed(self, params: dict) -> C:
+        """A cell's stored parameters as this kind's typed CellParams."""
+        return self.cell.model_validate(params)
 
     def where(self, params: dict) -> str:
         return DEVICE
@@ -145,7 +161,7 @@ class Kind:
         return True
 
 
-REGISTRY: dict[str, Kind] = {}
+REGISTRY: dict[str, Kind[Any]] = {}
 
 # ---- the host-operation channel ----
 # A kind's host work (base logits, a host eval, a payload built for the device's target…) is a named operation
@@ -194,12 +210,12 @@ def _text(host, spec: str, what: str = "perplexity text"):
     return host.resolve_text(spec, what)
 
 
-def register(cls: type[Kind]) -> type[Kind]:
+def register(cls: type[Kind[Any]]) -> type[Kind[Any]]:
     REGISTRY[cls.name] = cls()
     return cls
 
 
-def get(name: str) -> Kind:
+def get(name: str) -> Kind[Any]:
     try:
         return REGISTRY[name]
     except KeyError:

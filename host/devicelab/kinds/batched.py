@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from ..errors import DevicelabError
 from ..schema import Row
-from .base import Artifacts, Kind, KVType, Parsed, Prepared, Spec, register, timed_lines
+from .base import Artifacts, CellParams, Kind, KVType, Parsed, Prepared, Spec, register, timed_lines
 
 
-class BatchedSpec(Spec):
-    kind: Literal["batched"]
+class BatchedCell(CellParams):
+    """A batched cell's parameters (the payload sweeps nothing: its spec's fields)."""
+
     prompt: int = Field(default=64, ge=1)
     gen: int = Field(default=32, ge=1)
     parallel: list[Annotated[int, Field(ge=1)]] = [1, 2, 4, 8]
@@ -22,22 +23,27 @@ class BatchedSpec(Spec):
     cache_type_v: KVType | None = None
 
 
-def argv(tool: str, model: str, P: dict, threads: int) -> list[str]:
-    npl = P["parallel"]
+class BatchedSpec(Spec, BatchedCell):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+    kind: Literal["batched"]
+
+
+def argv(tool: str, model: str, c: BatchedCell, threads: int) -> list[str]:
+    npl = c.parallel
     a = [
         tool,
         "-m",
         model,
         "-c",
-        str(max(npl) * (P["prompt"] + P["gen"])),
+        str(max(npl) * (c.prompt + c.gen)),
         "-b",
         "2048",
         "-ub",
         "512",
         "-npp",
-        str(P["prompt"]),
+        str(c.prompt),
         "-ntg",
-        str(P["gen"]),
+        str(c.gen),
         "-npl",
         ",".join(map(str, npl)),
         "-t",
@@ -45,10 +51,10 @@ def argv(tool: str, model: str, P: dict, threads: int) -> list[str]:
         "--output-format",
         "jsonl",
     ]
-    if P.get("cache_type_k"):
-        a += ["-ctk", P["cache_type_k"]]
-    if P.get("cache_type_v"):
-        a += ["-ctv", P["cache_type_v"]]
+    if c.cache_type_k:
+        a += ["-ctk", c.cache_type_k]
+    if c.cache_type_v:
+        a += ["-ctv", c.cache_type_v]
     return a
 
 
@@ -82,29 +88,19 @@ def parse_batched(stdout: str) -> list[Row]:
 
 
 @register
-class Batched(Kind):
+class Batched(Kind[BatchedCell]):
     name = "batched"
     key_properties = (*Kind.key_properties, "threads", "n_prompt", "n_gen", "n_parallel")
     spec = BatchedSpec
+    cell = BatchedCell
 
     def tools(self, params):
         return ("llama-batched-bench",)
 
     def prepare(self, cx, cell):
-        P = cell.params
-        return Prepared(
-            [
-                (
-                    "main",
-                    argv(
-                        cx.tool("llama-batched-bench"),
-                        cx.model(),
-                        P,
-                        P.get("threads") or cx.facts.get("cpu_count") or 1,
-                    ),
-                )
-            ]
-        )
+        c = self.typed(cell.params)
+        threads = c.threads or cx.facts.get("cpu_count") or 1
+        return Prepared([("main", argv(cx.tool("llama-batched-bench"), cx.model(), c, threads))])
 
     def parse(self, a: Artifacts) -> Parsed:
         return Parsed(parse_batched(a.main.stdout))

@@ -16,7 +16,7 @@ from .. import facts as factsmod
 from ..errors import DevicelabError
 from ..schema import Row, missing
 from ..telemetry.normalize import Phase
-from .base import Artifacts, Kind, KVType, Parsed, Prepared, SkipCell, Spec, register, timed_lines
+from .base import Artifacts, CellParams, Kind, KVType, Parsed, Prepared, SkipCell, Spec, register, timed_lines
 
 AXES = ("threads", "cpu_mask", "quota", "contention")
 
@@ -57,6 +57,26 @@ class BenchSpec(Spec):
             if m is not None and m not in factsmod.MASK_NAMES and not re.fullmatch(r"0x[0-9a-fA-F]+", m):
                 raise ValueError(f"cpu mask {m!r}: give a hex mask (0xf0) or prime | big | little | all")
         return v
+
+
+class BenchCell(CellParams):
+    """One bench cell: the spec with one point of each sweep axis."""
+
+    prompt: list[int] = [64]
+    gen: list[int] = [32]
+    pg: list[tuple[int, int]] = []
+    depth: list[int] = [0]
+    threads: int | str = 1
+    cpu_mask: str | None = None
+    quota: float | None = None
+    contention: int = 0
+    repetitions: int = 3
+    warmup: bool = True
+    cache_type_k: KVType | None = None
+    cache_type_v: KVType | None = None
+    n_gpu_layers: int | None = None
+    flash_attn: str | None = None
+    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,10 +235,10 @@ def gpu_columns(r: dict) -> dict:
     }
 
 
-def affinity(P: dict, facts: dict, device: str) -> tuple[str | None, int, dict]:
+def affinity(c: BenchCell, facts: dict, device: str) -> tuple[str | None, int, dict]:
     """llama-bench's -C mask and -t count for a bench cell: named masks (prime/big/little/all) are
     resolved from the device's cpufreq clusters; threads 'auto' = one per CPU of the mask."""
-    name = P.get("cpu_mask")
+    name = c.cpu_mask
     cpus = None
     mask = name
     prov: dict = {}
@@ -233,15 +253,16 @@ def affinity(P: dict, facts: dict, device: str) -> tuple[str | None, int, dict]:
         prov["cpu_mask"] = f"{name}={mask}"
     elif name:
         cpus = [i for i in range(int(name, 16).bit_length()) if int(name, 16) >> i & 1]
-    threads = P["threads"]
+    threads = c.threads
     if threads == "auto":
         threads = len(cpus) if cpus else (facts.get("cpu_count") or 1)
     return mask, int(threads), prov
 
 
 @register
-class Bench(Kind):
+class Bench(Kind[BenchCell]):
     name = "bench"
+    cell = BenchCell
     key_properties = (
         *Kind.key_properties,
         "threads",
@@ -274,41 +295,45 @@ class Bench(Kind):
             out.append(params)
         return out
 
-    def label(self, p):
+    def label(self, params):
+        c = self.typed(params)
         return (
-            f"t={p['threads']}"
-            + (f" mask={p['cpu_mask']}" if p.get("cpu_mask") else "")
-            + (f" quota={p['quota']}" if p.get("quota") else "")
-            + (f" load={p['contention']}" if p.get("contention") else "")
-            + (f" ngl={p['n_gpu_layers']}" if p.get("n_gpu_layers") is not None else "")
-            + (f" fa={p['flash_attn']}" if p.get("flash_attn") else "")
+            f"t={c.threads}"
+            + (f" mask={c.cpu_mask}" if c.cpu_mask else "")
+            + (f" quota={c.quota}" if c.quota else "")
+            + (f" load={c.contention}" if c.contention else "")
+            + (f" ngl={c.n_gpu_layers}" if c.n_gpu_layers is not None else "")
+            + (f" fa={c.flash_attn}" if c.flash_attn else "")
         )
 
-    def provenance(self, p):
-        return {"cpu_mask": p.get("cpu_mask"), "cpu_quota": p.get("quota"), "contention": p.get("contention")}
+    def provenance(self, params):
+        c = self.typed(params)
+        # a plain cell has no contention axis, and its rows say None (not 0), as they always have
+        contention = c.contention if "contention" in c.model_fields_set else None
+        return {"cpu_mask": c.cpu_mask, "cpu_quota": c.quota, "contention": contention}
 
     def prepare(self, cx, cell):
-        P = cell.params
-        mask, threads, prov = affinity(P, cx.facts, cx.device)
+        c = self.typed(cell.params)
+        mask, threads, prov = affinity(c, cx.facts, cx.device)
         bp = BenchParams(
-            prompt=tuple(P["prompt"]),
-            gen=tuple(P["gen"]),
-            pg=tuple(tuple(x) for x in P["pg"]),
-            depth=tuple(P["depth"]),
+            prompt=tuple(c.prompt),
+            gen=tuple(c.gen),
+            pg=tuple(tuple(x) for x in c.pg),
+            depth=tuple(c.depth),
             threads=threads,
-            repetitions=P["repetitions"],
-            warmup=P["warmup"],
+            repetitions=c.repetitions,
+            warmup=c.warmup,
             cpu_mask=mask,
-            cache_type_k=P.get("cache_type_k"),
-            cache_type_v=P.get("cache_type_v"),
-            n_gpu_layers=P.get("n_gpu_layers"),
-            flash_attn=P.get("flash_attn"),
-            device=P.get("device"),
+            cache_type_k=c.cache_type_k,
+            cache_type_v=c.cache_type_v,
+            n_gpu_layers=c.n_gpu_layers,
+            flash_attn=c.flash_attn,
+            device=c.device,
         )
         return Prepared(
             [("main", argv(cx.tool("llama-bench"), cx.model(), bp))],
-            quota=P.get("quota"),
-            contention=int(P.get("contention") or 0),
+            quota=c.quota,
+            contention=c.contention,
             provenance=prov,
         )
 

@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from .. import paths
 from ..errors import DevicelabError
@@ -36,6 +36,7 @@ from .base import (
     TEXT,
     TREE,
     Artifacts,
+    CellParams,
     Kind,
     Parsed,
     Prepared,
@@ -54,8 +55,10 @@ FLAGS = {
 }
 
 
-class EvalSpec(Spec):
-    kind: Literal["eval"]
+class _EvalFields(BaseModel):
+    """What an eval spec and each of its cells hold alike (a cell keeps only its route's fields: the others take
+    their defaults)."""
+
     route: Literal["device-mc", "server-generate", "host-loglikelihood"] = "device-mc"
     task: Literal["hellaswag", "winogrande", "multiple-choice"] = "hellaswag"
     data: str | None = None
@@ -68,6 +71,14 @@ class EvalSpec(Spec):
     slots: int = Field(default=1, ge=1, le=64)  # llama-server --parallel = lm-eval num_concurrent
     chat: bool = False  # local-chat-completions (the model's chat template)
     n_gpu_layers: int | None = Field(default=None, ge=0)  # device routes: llama.cpp -ngl (99 = all)
+
+
+class EvalCell(CellParams, _EvalFields):
+    """One eval cell."""
+
+
+class EvalSpec(Spec, _EvalFields):
+    kind: Literal["eval"]
 
     @model_validator(mode="after")
     def _route_fields(self) -> "EvalSpec":
@@ -105,13 +116,13 @@ class EvalSpec(Spec):
         return out
 
 
-def device_mc_argv(tool: str, model: str, data: str, P: dict, threads: int) -> list[str]:
-    flag, count = FLAGS[P["task"]]
-    a = [tool, "-m", model, "-f", data, flag, "-c", str(P["ctx"]), "-t", str(threads), "-b", str(max(512, P["ctx"]))]
-    if P.get("tasks"):
-        a += [count, str(P["tasks"])]
-    if P.get("n_gpu_layers") is not None:
-        a += ["-ngl", str(P["n_gpu_layers"])]
+def device_mc_argv(tool: str, model: str, data: str, c: EvalCell, threads: int) -> list[str]:
+    flag, count = FLAGS[c.task]
+    a = [tool, "-m", model, "-f", data, flag, "-c", str(c.ctx), "-t", str(threads), "-b", str(max(512, c.ctx))]
+    if c.tasks:
+        a += [count, str(c.tasks)]
+    if c.n_gpu_layers is not None:
+        a += ["-ngl", str(c.n_gpu_layers)]
     return a
 
 
@@ -120,19 +131,19 @@ _WG = re.compile(r"Final Winogrande score\((\d+) tasks\): ([\d.]+) \+/- ([\d.]+)
 _MC = re.compile(r"Final result: ([\d.]+) \+/- ([\d.]+)")
 
 
-def parse_device_mc(text: str, P: dict) -> list[Row]:
-    kw = dict(test=f"{P['task']}:{Path(P['data']).name}", phase="eval", ctx=P["ctx"])
-    if P["task"] == "hellaswag":
+def parse_device_mc(text: str, c: EvalCell) -> list[Row]:
+    kw = dict(test=f"{c.task}:{Path(c.data or '').name}", phase="eval", ctx=c.ctx)
+    if c.task == "hellaswag":
         m = _HS.findall(text)
         if not m:
             return [missing("accuracy", "llama-perplexity printed no hellaswag score", **kw)]
         n, acc = m[-1]
         return [Row(metric="accuracy", value=float(acc) / 100, n=int(n), **kw)]
-    rx = _WG if P["task"] == "winogrande" else _MC
+    rx = _WG if c.task == "winogrande" else _MC
     m = rx.search(text)
     if not m:
-        return [missing("accuracy", f"llama-perplexity printed no {P['task']} score", **kw)]
-    if P["task"] == "winogrande":
+        return [missing("accuracy", f"llama-perplexity printed no {c.task} score", **kw)]
+    if c.task == "winogrande":
         return [
             Row(
                 metric="accuracy",
@@ -175,7 +186,8 @@ TASKS, HOST_EVAL = "eval-tasks", "eval-host"
 @host_op(TASKS, TREE)
 def task_files(host, P: dict):
     """The recipe's folder of lm-eval task YAMLs (None: lm-eval's own tasks only)."""
-    return resolve_include(P["include"], host.recipe_dir) if P.get("include") else None
+    c = EvalCell.model_validate(P)
+    return resolve_include(c.include, host.recipe_dir) if c.include else None
 
 
 @host_op(HOST_EVAL, DATA)
@@ -184,7 +196,7 @@ def host_eval(host, model: str, quant: str, P: dict) -> dict:
     limit, ctx, engine versions): every device of a recipe shares the file's score."""
     from .. import lmeval
 
-    qf = host.quant(model, quant)
+    qf, c = host.quant(model, quant), EvalCell.model_validate(P)
     include = task_files(host, P)
     files = (
         sorted(p for p in include.rglob("*") if p.is_file() and not p.name.endswith(".sha256.json")) if include else []
@@ -192,18 +204,18 @@ def host_eval(host, model: str, quant: str, P: dict) -> dict:
     versions = lmeval.versions()
     tasks_digest = [(str(p.relative_to(include)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
     key = hashlib.sha256(
-        json.dumps([qf.sha256, tasks_digest, P["lm_tasks"], P.get("limit"), P["ctx"], versions]).encode()
+        json.dumps([qf.sha256, tasks_digest, c.lm_tasks, c.limit, c.ctx, versions]).encode()
     ).hexdigest()[:16]
     out = paths.sub("evals") / f"{model}-{quant}-host-{key}.json"
     if out.exists():
         return json.loads(out.read_text())
-    host.ev.stage(f"lm-eval {', '.join(P['lm_tasks'])} on the host (llama-cpp-python) for {model} {quant}")
+    host.ev.stage(f"lm-eval {', '.join(c.lm_tasks)} on the host (llama-cpp-python) for {model} {quant}")
     t0 = time.time()
     with host.cpu.work(f"lm-eval {model} {quant} (host)"):
         # one core left free: llama.cpp's OpenMP threads spin at barriers, and one thread per core
         # with anything else running slows scoring ~30× (this 2-core VM: 0.24 s vs 7.8 s a request)
-        lm = lmeval.host_lm(qf.path, P["ctx"], P.get("threads") or max(1, (os.cpu_count() or 2) - 1))
-        res = lmeval.evaluate("host-loglikelihood", lm, P["lm_tasks"], include, P.get("limit"))
+        lm = lmeval.host_lm(qf.path, c.ctx, c.threads or max(1, (os.cpu_count() or 2) - 1))
+        res = lmeval.evaluate("host-loglikelihood", lm, c.lm_tasks, include, c.limit)
     kept = keep(res)
     kept["provenance"] = {**lm.provenance, **versions, "seconds": time.time() - t0}
     text = json.dumps(kept, default=str)
@@ -214,26 +226,30 @@ def host_eval(host, model: str, quant: str, P: dict) -> dict:
 
 
 @register
-class Eval(Kind):
+class Eval(Kind[EvalCell]):
     name = "eval"
     key_properties = (*Kind.key_properties, "eval_route", "ctx")
     spec = EvalSpec
+    cell = EvalCell
 
     def where(self, params):
-        return ROUTES[params["route"]]
+        return ROUTES[self.typed(params).route]
 
     def tools(self, params):
-        return {"device-mc": ("llama-perplexity",), "server-generate": ("llama-server",)}.get(params["route"], ())
+        return {"device-mc": ("llama-perplexity",), "server-generate": ("llama-server",)}.get(
+            self.typed(params).route, ()
+        )
 
     def variants(self, spec):
         return [spec.cell_params()]
 
-    def label(self, p):
-        return p["route"]
+    def label(self, params):
+        return self.typed(params).route
 
-    def provenance(self, p):
-        engine = {"device-mc": "llama-perplexity", "server-generate": "llama-server + lm-eval"}.get(p["route"])
-        return {"eval_route": p["route"], "eval_engine": engine}
+    def provenance(self, params):
+        route = self.typed(params).route
+        engine = {"device-mc": "llama-perplexity", "server-generate": "llama-server + lm-eval"}.get(route)
+        return {"eval_route": route, "eval_engine": engine}
 
     def check(self, spec, recipe_dir):
         """Refuse, before anything runs, a missing data file or an lm-eval task on a route that cannot
@@ -257,15 +273,15 @@ class Eval(Kind):
         lmeval.check_tasks(spec.route, spec.lm_tasks, types)
 
     def prepare(self, cx, cell):
-        P = cell.params
-        threads = P.get("threads") or cx.facts.get("cpu_count") or 1
-        if P["route"] == "device-mc":
-            threads = P.get("threads") or log_safe_threads(cx.facts)  # its score is in its log lines
-            data = cx.host_op(TEXT, P["data"], "eval data")
+        c = self.typed(cell.params)
+        threads = c.threads or cx.facts.get("cpu_count") or 1
+        if c.route == "device-mc":
+            threads = c.threads or log_safe_threads(cx.facts)  # its score is in its log lines
+            data = cx.host_op(TEXT, c.data, "eval data")
             return Prepared(
-                [("main", device_mc_argv(cx.tool("llama-perplexity"), cx.model(), cx.push(data), P, threads))]
+                [("main", device_mc_argv(cx.tool("llama-perplexity"), cx.model(), cx.push(data), c, threads))]
             )
-        slots = P["slots"]
+        slots = c.slots
         port = random.randint(20000, 45000)  # on the device's loopback only
         return Prepared(
             [
@@ -276,7 +292,7 @@ class Eval(Kind):
                         "-m",
                         cx.model(),
                         "-c",
-                        str(P["ctx"] * slots),
+                        str(c.ctx * slots),
                         "-np",
                         str(slots),
                         "--host",
@@ -288,7 +304,7 @@ class Eval(Kind):
                         "--metrics",
                         "--no-webui",
                     ]
-                    + (["-ngl", str(P["n_gpu_layers"])] if P.get("n_gpu_layers") is not None else []),
+                    + (["-ngl", str(c.n_gpu_layers)] if c.n_gpu_layers is not None else []),
                 )
             ]
         )
@@ -296,9 +312,9 @@ class Eval(Kind):
     def drive(self, cx, cell, url):
         from .. import lmeval
 
-        P = cell.params
-        client = lmeval.server_client(url, P["chat"], P["slots"], cell.model)
-        res = lmeval.evaluate("server-generate", client, P["lm_tasks"], cx.host_op(TASKS, P), P.get("limit"))
+        c = self.typed(cell.params)
+        client = lmeval.server_client(url, c.chat, c.slots, cell.model)
+        res = lmeval.evaluate("server-generate", client, c.lm_tasks, cx.host_op(TASKS, cell.params), c.limit)
         return {"result": keep(res), "counters": prometheus(url + "/metrics")}
 
     def on_host(self, cx, cell):
@@ -321,10 +337,10 @@ class Eval(Kind):
     def parse(self, a: Artifacts) -> Parsed:
         from .. import lmeval
 
-        P = a.params
-        route = P["route"]
+        c = self.typed(a.params)
+        route = c.route
         if route == "device-mc":
-            return Parsed(parse_device_mc(plain(a.main.stdout) + "\n" + a.main.stderr, P))
+            return Parsed(parse_device_mc(plain(a.main.stdout) + "\n" + a.main.stderr, c))
         if route == "host-loglikelihood":
             res = a.data["host"]
             prov = res["provenance"]
@@ -344,7 +360,7 @@ class Eval(Kind):
         gen, prompt = counters.get("tokens_predicted_total"), counters.get("prompt_tokens_total")
         for metric, v in (("tokens_generated", gen), ("tokens_prompt", prompt)):
             if v is not None:
-                rows.append(Row(metric=metric, value=v, phase="eval", n_parallel=P["slots"]))
+                rows.append(Row(metric=metric, value=v, phase="eval", n_parallel=c.slots))
         phases = []
         ready, done, win = marks.get("ready"), marks.get("done"), a.main.window
         if win and ready is not None and done is not None and done > ready:
@@ -356,7 +372,7 @@ class Eval(Kind):
                         metric="eval_gen_tps",
                         value=gen / (done - ready),
                         phase="eval",
-                        n_parallel=P["slots"],
+                        n_parallel=c.slots,
                         test="generated tokens / lm-eval wall time",
                     )
                 )

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 from .. import paths
 from ..build import backends
@@ -21,13 +21,26 @@ from ..hashing import sha256_file
 from ..proc import run_logged
 from ..recipe_paths import resolve_text
 from ..schema import Row, missing
-from .base import FILE, Artifacts, Kind, Parsed, Prepared, Spec, gpu_from_log, host_op, log_safe_threads, register
+from .base import (
+    FILE,
+    Artifacts,
+    CellParams,
+    Kind,
+    Parsed,
+    Prepared,
+    Spec,
+    gpu_from_log,
+    host_op,
+    log_safe_threads,
+    register,
+)
 
 DEFAULT_TEXT = "llama.cpp:docs/build.md"  # ships with the pinned llama.cpp source: on every machine
 
 
-class KLDSpec(Spec):
-    kind: Literal["kld"]
+class _KLDFields(BaseModel):
+    """What a KLD spec and each of its cells hold alike."""
+
     text: str = DEFAULT_TEXT
     ctx: int = Field(default=128, ge=16)
     chunks: int = Field(default=8, ge=1)
@@ -35,6 +48,17 @@ class KLDSpec(Spec):
     host_check: bool | None = None  # also compare the device's logits with the host's for the same file
     # (default: on for every device that does not measure on this host's CPUs,
     # and for every GPU backend: does the GPU path change the answers?)
+
+
+class KLDCell(CellParams, _KLDFields):
+    """One KLD cell: the spec at one layer count, on one of the recipe's backends."""
+
+    n_gpu_layers: int | None = None
+    backend: str | None = None  # the recipe's backend axis, where it has one (plan.expand adds it)
+
+
+class KLDSpec(Spec, _KLDFields):
+    kind: Literal["kld"]
     n_gpu_layers: list[Annotated[int, Field(ge=0)] | None] = [None]  # llama.cpp -ngl (99 = all), one cell each
 
     @model_validator(mode="after")
@@ -213,12 +237,9 @@ def parse_base_ppl(text: str) -> float | None:
     return float(m.group(1)) if m else None
 
 
-def _params(P: dict, facts: dict) -> KLDParams:
+def _params(c: KLDCell, facts: dict) -> KLDParams:
     return KLDParams(
-        ctx=P["ctx"],
-        chunks=P["chunks"],
-        threads=P.get("threads") or log_safe_threads(facts),
-        n_gpu_layers=P.get("n_gpu_layers"),
+        ctx=c.ctx, chunks=c.chunks, threads=c.threads or log_safe_threads(facts), n_gpu_layers=c.n_gpu_layers
     )
 
 
@@ -227,8 +248,9 @@ BASE_LOGITS, HOST_LOGITS = "kld-base-logits", "kld-host-logits"
 
 
 def _logits(host, model_file, sha: str, spec: dict, out_name: str, what: str):
-    text = host.resolve_text(spec["text"])
-    key = hashlib.sha256(json.dumps([sha, sha256_file(text), spec["ctx"], spec["chunks"]]).encode()).hexdigest()[:16]
+    c = KLDCell.model_validate(spec)
+    text = host.resolve_text(c.text)
+    key = hashlib.sha256(json.dumps([sha, sha256_file(text), c.ctx, c.chunks]).encode()).hexdigest()[:16]
     out = paths.sub("kld") / f"{out_name}-{key}.kld"
     meta = out.with_suffix(".json")
     if out.exists() and meta.exists():
@@ -238,7 +260,7 @@ def _logits(host, model_file, sha: str, spec: dict, out_name: str, what: str):
             return out
         hb = host.host_build()
         host.ev.stage(f"{what} (host, once)")
-        p = KLDParams(ctx=spec["ctx"], chunks=spec["chunks"], threads=max(1, os.cpu_count() or 2))
+        p = KLDParams(ctx=c.ctx, chunks=c.chunks, threads=max(1, os.cpu_count() or 2))
         log = out.with_suffix(".log")
         log.write_text("")
         tmp = paths.temp_for(out)
@@ -270,10 +292,11 @@ def host_quant_logits(host, model: str, quant: str, spec: dict):
 
 
 @register
-class KLD(Kind):
+class KLD(Kind[KLDCell]):
     name = "kld"
     key_properties = (*Kind.key_properties, "ctx")
     spec = KLDSpec
+    cell = KLDCell
 
     def tools(self, params):
         return ("llama-perplexity",)
@@ -282,23 +305,24 @@ class KLD(Kind):
         base = spec.model_dump(exclude={"kind", "n_gpu_layers"})
         return [{**base, **({"n_gpu_layers": n} if n is not None else {})} for n in spec.n_gpu_layers]
 
-    def label(self, p):
-        return f"ngl={p['n_gpu_layers']}" if p.get("n_gpu_layers") is not None else ""
+    def label(self, params):
+        c = self.typed(params)
+        return f"ngl={c.n_gpu_layers}" if c.n_gpu_layers is not None else ""
 
     def check(self, spec, recipe_dir):
         if not spec.text.startswith("llama.cpp:"):
             resolve_text(spec.text, None, recipe_dir)
 
     def prepare(self, cx, cell):
-        P = cell.params
+        P, c = cell.params, self.typed(cell.params)
         tool = cx.tool("llama-perplexity")
         model = cx.model()
-        logits = cx.host_op(BASE_LOGITS, cell.model, P)
-        kp = _params(P, cx.facts)
+        logits = cx.host_op(BASE_LOGITS, cell.model, P)  # the host work is keyed by the cell's stored params
+        kp = _params(c, cx.facts)
         runs = [("main", kld_argv(tool, model, cx.push(logits), kp))]
-        check = P.get("host_check")
+        check = c.host_check
         if check is None:
-            check = not cx.same_build_as_host or P.get("backend") not in (None, backends.CPU)
+            check = not cx.same_build_as_host or c.backend not in (None, backends.CPU)
         if check:
             runs.append(
                 ("check", kld_argv(tool, model, cx.push(cx.host_op(HOST_LOGITS, cell.model, cell.quant, P)), kp))
@@ -310,7 +334,7 @@ class KLD(Kind):
         return "KL divergence statistics" in text or "Mean    KLD" in text or "KL-divergence statistics" in text
 
     def parse(self, a: Artifacts) -> Parsed:
-        kp = _params(a.params, a.facts)
+        kp = _params(self.typed(a.params), a.facts)
         argv = [str(x) for x in a.main.argv]
         if "-t" in argv[:-1]:  # the threads it ran with, whatever today's default
             kp = KLDParams(kp.ctx, kp.chunks, int(argv[argv.index("-t") + 1]), kp.batch, kp.n_gpu_layers)

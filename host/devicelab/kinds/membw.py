@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from ..errors import DevicelabError
 from ..schema import Row
-from .base import FILE, Artifacts, Kind, Parsed, Prepared, Spec, host_op, register, timed_lines
+from .base import FILE, Artifacts, CellParams, Kind, Parsed, Prepared, Spec, host_op, register, timed_lines
 
 EXE = "membw-exe"
 
@@ -23,11 +23,17 @@ def membw_exe(host, manifest: dict):
     return payloads.ensure_c_payload("membw", manifest, "bandwidth")
 
 
-class MembwSpec(Spec):
-    kind: Literal["membw"]
+class MembwCell(CellParams):
+    """A membw cell's parameters (the payload sweeps nothing: its spec's fields)."""
+
     mib: int = Field(default=512, ge=16)
     threads: int | None = Field(default=None, ge=1)
     repetitions: int = Field(default=5, ge=1)
+
+
+class MembwSpec(Spec, MembwCell):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+    kind: Literal["membw"]
 
 
 def membw_rows(stdout: str) -> list[Row]:
@@ -49,31 +55,18 @@ def membw_rows(stdout: str) -> list[Row]:
 
 
 @register
-class Membw(Kind):
+class Membw(Kind[MembwCell]):
     name = "membw"
     key_properties = (*Kind.key_properties, "threads")
     spec = MembwSpec
+    cell = MembwCell
     per_model = False
 
     def prepare(self, cx, cell):
-        P = cell.params
+        c = self.typed(cell.params)
         exe = cx.push(cx.host_op(EXE, cx.build.manifest), mode="755", name="membw")
-        return Prepared(
-            [
-                (
-                    "main",
-                    [
-                        exe,
-                        "-m",
-                        str(P["mib"]),
-                        "-r",
-                        str(P["repetitions"]),
-                        "-t",
-                        str(P.get("threads") or cx.facts.get("cpu_count") or 1),
-                    ],
-                )
-            ]
-        )
+        threads = c.threads or cx.facts.get("cpu_count") or 1
+        return Prepared([("main", [exe, "-m", str(c.mib), "-r", str(c.repetitions), "-t", str(threads)])])
 
     def parse(self, a: Artifacts) -> Parsed:
         return Parsed(membw_rows(a.main.stdout))
