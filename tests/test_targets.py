@@ -5,7 +5,7 @@ import shlex
 import pytest
 
 from devicelab.build import remote, targets
-from devicelab.build.source import Source
+from devicelab.build.source import SourceTree
 from devicelab.errors import DevicelabError
 from devicelab.lab import device_from
 from devicelab.runner.session import target_for
@@ -105,7 +105,7 @@ def test_target_chosen_from_device_facts(monkeypatch, facts, device, expect):
 
 
 def test_remote_build_key_changes_with_flags():
-    src = Source(path=__import__("pathlib").Path("/x"), commit="0c1e57098bba" + "0" * 28, origin="t")
+    src = SourceTree(path=__import__("pathlib").Path("/x"), commit="0c1e57098bba" + "0" * 28, origin="t")
     a = remote.key_for(src, targets.macos_metal(), "Apple clang 16")
     b = remote.key_for(src, targets.native_on_device("arm64", "darwin"), "Apple clang 16")
     assert a != b and a == remote.key_for(src, targets.macos_metal(), "Apple clang 16")
@@ -124,7 +124,7 @@ def test_an_older_tree_builds_without_libcurl(tmp_path):
         (d / "CMakeLists.txt").write_text(f"project(llama)\n{line}\n")
     commit = "0c1e57098bba" + "0" * 28
     t = targets.macos_metal()
-    old_src, new_src = Source(old, commit, "t"), Source(new, commit, "t")
+    old_src, new_src = SourceTree(old, commit, "t"), SourceTree(new, commit, "t")
     assert cache.build_flags(old_src, t) == {**t.cmake_flags(), "LLAMA_CURL": "OFF"}
     assert cache.build_flags(new_src, t) == t.cmake_flags()
     assert remote.key_for(old_src, t, "cc") != remote.key_for(new_src, t, "cc")
@@ -143,9 +143,9 @@ def test_an_older_tree_builds_the_tools_it_defines(tmp_path):
         d = old / "tools" / tool.removeprefix("llama-")
         d.mkdir(parents=True)
         (d / "CMakeLists.txt").write_text(f"set(TARGET {tool})\nadd_executable(${{TARGET}} main.cpp)\n")
-    src = Source(old, "1" * 40, "t")
+    src = SourceTree(old, "1" * 40, "t")
     assert cache.buildable(src, targets.TOOLS) == ("llama-bench", "llama-quantize")
-    assert cache.buildable(Source(tmp_path / "nothing", "2" * 40, "t"), targets.TOOLS) == targets.TOOLS
+    assert cache.buildable(SourceTree(tmp_path / "nothing", "2" * 40, "t"), targets.TOOLS) == targets.TOOLS
 
 
 def test_the_host_build_leaves_out_ggml_amx_kernels_where_the_cpu_has_amx(monkeypatch):
@@ -166,7 +166,7 @@ def test_a_phones_lab_entry_cpu_features_pick_its_build(monkeypatch):
     from devicelab.transports.adb import ADBTransport
 
     monkeypatch.setattr(targets, "find_ndk", lambda: None)
-    phone = SimpleNamespace(default_target=lambda d, f: ADBTransport.default_target(None, d, f))
+    phone = SimpleNamespace(platform=ADBTransport.platform, name="phone")
     x86_facts = {"cpu.features": "fpu sse2 avx2"}  # a phone peer on this host reads the host's own cpuinfo
     got, _ = target_for(phone, SimpleNamespace(target=None, cpu_features="fp asimd asimddp"), x86_facts)
     board, _ = target_for(phone, SimpleNamespace(target="aarch64", cpu_features="fp asimd asimddp"), x86_facts)

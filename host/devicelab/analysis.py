@@ -232,8 +232,10 @@ PLAIN_CLAIMS = (_decode_vs_bpw, _core_scaling, _quality_knee, _memory_vs_bpw)
 
 
 # what the claims read of a row
-FINDINGS_READ = ("device", "model", "quant", "bpw", "model_bytes", "cell_id", "metric", "phase", "value", "threads")
-FINDINGS_READ += ("cpu_quota", "contention")
+FINDINGS_READ: tuple[str, ...] = (
+    *("device", "model", "quant", "bpw", "model_bytes", "cell_id", "metric", "phase", "value", "threads"),
+    *("cpu_quota", "contention"),
+)
 
 
 def findings(rows: pd.DataFrame) -> list[dict]:

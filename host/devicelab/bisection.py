@@ -21,7 +21,9 @@ from .errors import DevicelabError
 
 
 @dataclass
-class Candidate:
+class Revision:
+    """A llama.cpp revision the bisection may measure: a candidate for the first bad one."""
+
     spec: str  # the source spec a run takes
     commit: str
     subject: str  # the commit's subject line (git), or the spec
@@ -29,14 +31,14 @@ class Candidate:
 
 @dataclass
 class Step:
-    candidate: Candidate
+    candidate: Revision
     verdict: str  # good | bad
     ratio: float | None
     p: float | None
     note: str = ""
 
 
-def git_candidates(repo: Path, good: str, bad: str) -> list[Candidate]:
+def git_candidates(repo: Path, good: str, bad: str) -> list[Revision]:
     """The good revision, then every commit on the path from it to the bad one, oldest first."""
     repo = Path(repo).expanduser().resolve()
     _, good_c = sourcemod._git_spec(f"git:{repo}@{good}")
@@ -59,10 +61,10 @@ def git_candidates(repo: Path, good: str, bad: str) -> list[Candidate]:
     )
     if r.returncode != 0:
         raise DevicelabError(f"bisect: git rev-list {good}..{bad} failed in {repo}: {r.stderr.strip()[:200]}")
-    out = [Candidate(f"git:{repo}@{good_c}", good_c, _subject(repo, good_c))]
+    out = [Revision(f"git:{repo}@{good_c}", good_c, _subject(repo, good_c))]
     for line in r.stdout.splitlines():
         commit, _, subject = line.partition(" ")
-        out.append(Candidate(f"git:{repo}@{commit}", commit, subject))
+        out.append(Revision(f"git:{repo}@{commit}", commit, subject))
     if len(out) < 2 or out[-1].commit != bad_c:
         raise DevicelabError(f"bisect: {bad} does not descend from {good} in {repo}; give the good (older) end first")
     return out
@@ -75,14 +77,14 @@ def _subject(repo: Path, commit: str) -> str:
     return r.stdout.strip()
 
 
-def list_candidates(specs: list[str]) -> list[Candidate]:
+def list_candidates(specs: list[str]) -> list[Revision]:
     """An ordered list of sources (good first, bad last), e.g. releases: pypi:llama-cpp-python==X."""
     if len(specs) < 2:
         raise DevicelabError("bisect: give at least a good and a bad source, good first")
-    return [Candidate(s, sourcemod.commit_of(s), s) for s in specs]
+    return [Revision(s, sourcemod.commit_of(s), s) for s in specs]
 
 
-def verdict(good_rows, rows, good: Candidate, cand: Candidate, metric: str, alpha: float, min_effect: float) -> Step:
+def verdict(good_rows, rows, good: Revision, cand: Revision, metric: str, alpha: float, min_effect: float) -> Step:
     """`cand` against the good end on one metric: bad when any of its pairs is a significant regression."""
     a, b = (
         cmpmod.Side(f"commit={good.commit[:12]}", {"commit": good.commit}),
@@ -107,13 +109,13 @@ def verdict(good_rows, rows, good: Candidate, cand: Candidate, metric: str, alph
 
 
 def bisect(
-    candidates: list[Candidate],
-    measure: Callable[[Candidate], object],
+    candidates: list[Revision],
+    measure: Callable[[Revision], object],
     metric: str,
     alpha: float = cmpmod.DEFAULT_ALPHA,
     min_effect: float = cmpmod.DEFAULT_MIN_EFFECT,
     on_step: Callable[[Step], None] = lambda s: None,
-) -> tuple[Candidate, list[Step]]:
+) -> tuple[Revision, list[Step]]:
     """Binary search over `candidates` (good first, bad last); `measure(candidate)` runs the recipe with its
     source and returns that commit's rows. Returns the first bad candidate and every step taken."""
     good, bad = candidates[0], candidates[-1]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -31,7 +32,7 @@ class Candidate:
     kv_bytes: int | None
     overhead_bytes: int | None
     overhead_measured: bool
-    ram_need: int | None
+    ram_need: int  # weights + KV at the recipe's context + the runtime overhead (measured, else the default)
     ram_budget: int | None
     decode_tps: float | None
     decode_threads: int | None
@@ -104,8 +105,8 @@ READ = (
     "battery_source",
     "energy_calibration",
 )
-FIRST = ("model_bytes", "bpw", "kv_bytes_per_token", "ram_budget_bytes", "ram_budget_source", "device_mem_bytes")
-FIRST += ("battery_wh", "battery_source")
+FIRST: tuple[str, ...] = ("model_bytes", "bpw", "kv_bytes_per_token", "ram_budget_bytes", "ram_budget_source")
+FIRST += ("device_mem_bytes", "battery_wh", "battery_source")
 # (figure, metric, max or min, phase): the best value of each over a candidate's rows (the first of equals)
 BEST = (
     ("decode_tps", "decode_tps", "max", None),
@@ -176,8 +177,11 @@ def _energies(rows: pd.DataFrame, first: dict, best: dict, spec: RecommendSpec) 
         return {}
     threads = {k: int(t) for k, (_, t) in best["decode_tps"].items() if pd.notna(t)}
     at = [threads.get(k) for k in _keys(e)]
-    same = [t is not None and pd.notna(x) and x == t for x, t in zip(e["threads"], at, strict=True)]
-    same = pd.Series(same, index=e.index, dtype=bool)
+    same = pd.Series(
+        [t is not None and pd.notna(x) and x == t for x, t in zip(e["threads"], at, strict=True)],
+        index=e.index,
+        dtype=bool,
+    )
     some = same.groupby([e[c] for c in KEY], sort=False).transform("any") if len(e) else same
     e = e[~some | same]  # at the decode threads where the candidate has energy rows there, else every one
     per_phase = _by_key(e.groupby([*KEY, "phase"], sort=False)["value"].median())
@@ -192,9 +196,9 @@ def _energies(rows: pd.DataFrame, first: dict, best: dict, spec: RecommendSpec) 
     for k, v in zip(_keys(cal_rows), cal_rows["energy_calibration"], strict=True):
         if k not in cals and (c := _calibration(v)) is not None:
             cals[k] = c
-    out = {}
+    out: dict[Key, dict[str, Any]] = {}
     for k in dict.fromkeys([*_keys(e), *_keys(pw)]):
-        notes = []
+        notes: list[str] = []
 
         def per_token(phase: str, speed: str, k=k, notes=notes) -> float | None:
             """J/token of a phase; a phase shorter than one sample has none: then the mean power of the cells
@@ -247,7 +251,7 @@ class Figures:
 
     keys: list[Key]
     first: dict[Key, dict]
-    best: dict[str, dict[Key, tuple[float, object]]]
+    best: dict[str, dict[Key, tuple[float, Any]]]  # metric -> candidate -> (best value, its threads)
     overhead: dict[Key, int]
     energy: dict[Key, dict]
     accs: dict[Key, dict[str, float]]

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.markup import escape
@@ -47,6 +48,9 @@ from .schema import ROW_COLUMNS
 from .serve import LiveStatus
 from .serve import serve as run_server
 from .transports import open_transport
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .cluster.node import NodeOptions
 
 # ---------------------------------------------------------------- options more than one command takes
 _LAB_DIR = click.option("--lab-dir", default=None, help="where the ledger and artifacts live (default ./labdata)")
@@ -273,6 +277,25 @@ _ANY_ADDRESS = click.option(
 )
 
 
+def _node_options() -> NodeOptions:
+    """The options `head` and `worker` share, as Click parsed them for the command running now, for its node."""
+    from . import lab as labmod
+    from .cluster.node import NodeOptions
+
+    p = click.get_current_context().params
+    return NodeOptions(
+        host=p["host"] or labmod.this_host(),
+        node_ip=p["node_ip"],
+        source_spec=p["src_spec"],
+        ray_args=p["ray_args"],
+        insecure=p["insecure"],
+        tls_dir=p["tls_dir"],
+        port=p["port"],
+        any_address=p["any_address"],
+        say=console.print,
+    )
+
+
 @main.command()
 @_CLUSTER_LAB
 @click.option("--port", type=int, default=6379, show_default=True, help="the GCS port; the others follow it")
@@ -289,21 +312,7 @@ def head(lab_file, port, node_ip, host, src_spec, ray_args, insecure, tls_dir, m
     from . import lab as labmod
     from .cluster import node
 
-    sys.exit(
-        node.run_head(
-            labmod.load(lab_file),
-            host or labmod.this_host(),
-            port,
-            node_ip,
-            src_spec,
-            ray_args,
-            say=console.print,
-            insecure=insecure,
-            tls_dir=tls_dir,
-            make_certs=make_certs,
-            any_address=any_address,
-        )
-    )
+    sys.exit(node.run_head(labmod.load(lab_file), _node_options(), make_certs=make_certs))
 
 
 @main.command()
@@ -347,22 +356,7 @@ def worker(lab_file, address, node_ip, host, src_spec, cache, ray_args, insecure
     address = address or lab.cluster
     if not address:
         raise DevicelabError("no head to join: give --address HEAD:PORT or `cluster: HEAD:PORT` in the lab file")
-    sys.exit(
-        node.run_worker(
-            lab,
-            address,
-            host or labmod.this_host(),
-            node_ip,
-            src_spec,
-            cache,
-            ray_args,
-            say=console.print,
-            insecure=insecure,
-            tls_dir=tls_dir,
-            port=port,
-            any_address=any_address,
-        )
-    )
+    sys.exit(node.run_worker(lab, address, _node_options(), cache=cache))
 
 
 @main.command()
@@ -654,7 +648,7 @@ def _run_noise(frames, lab_dir, max_busy) -> dict | None:
         for combo in combos.itertuples(index=False)
     ]
     hist = [h for h in hist if not h.empty]
-    return cmpmod.noise_beside(pd.concat(hist, ignore_index=True), *frames, max_busy) if hist else None
+    return cmpmod.noise_beside(pd.concat(hist, ignore_index=True), frames[0], frames[1], max_busy) if hist else None
 
 
 def _side_match(sd) -> dict:

@@ -388,8 +388,8 @@ def compare(
         if floor:
             pair.noise_floor, pair.noise_runs = floor
         pairs.append(pair)
-    tested = [p for p in pairs if p.p is not None]
-    for p, adj in zip(tested, holm([p.p for p in tested]), strict=True):
+    tested = [(p, p.p) for p in pairs if p.p is not None]
+    for (p, _), adj in zip(tested, holm([pv for _, pv in tested]), strict=True):
         p.p_adj = adj
     for p in pairs:
         p.verdict = _verdict(p, alpha, min_effect, max_busy)

@@ -11,17 +11,34 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .runner.lane import Events
 
+if TYPE_CHECKING:  # pragma: no cover
+    import pandas as pd
 
-def make_console(**kw) -> Console:
+    from .bisection import Step
+    from .compare import Comparison
+    from .doctor import Check
+    from .errors import DevicelabError
+    from .lab import Device
+    from .models.gguf_info import ModelInfo
+    from .models.ladder import QuantFile
+    from .plan import Cell
+    from .preview import Preview
+    from .recipes import RecommendSpec
+    from .serve import LiveStatus
+    from .tables import RecommendationView
+
+
+def make_console(**kw: Any) -> Console:
     c = Console(highlight=False, **kw)
     if not c.is_terminal and "COLUMNS" not in os.environ:
         c = Console(highlight=False, width=180, **kw)  # logs and pipes: don't squeeze tables to 80 columns
@@ -32,15 +49,15 @@ console = make_console()
 err = make_console(stderr=True)
 
 
-def print_error(e) -> None:
+def print_error(e: DevicelabError) -> None:
     """A DevicelabError: one red line, then its detail (dim) unless DEVICELAB_QUIET_DETAIL=1."""
     err.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True)
-    if getattr(e, "detail", None) and os.environ.get("DEVICELAB_QUIET_DETAIL") != "1":
+    if e.detail and os.environ.get("DEVICELAB_QUIET_DETAIL") != "1":
         err.print(e.detail, markup=False, style="dim")
 
 
 # ---------------------------------------------------------------- live events
-def progress():
+def progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -57,19 +74,19 @@ def progress():
 class RichEvents(Events):
     """One live line per device (its lane's current step), an overall cells bar, and a compile bar."""
 
-    def __init__(self, prog: Progress, live=None):
+    def __init__(self, prog: Progress, live: LiveStatus | None = None):
         self.p = prog
-        self.build_task = None
-        self.cell_task = None
-        self.lanes: dict = {}
-        self.live = live  # serve.LiveStatus: the lab folder's live.json for `devicelab serve`
+        self.build_task: TaskID | None = None
+        self.cell_task: TaskID | None = None
+        self.lanes: dict[str | tuple[str, str], TaskID] = {}  # a device's line, or ("progress", what) a host step's
+        self.live = live  # the lab folder's live.json for `devicelab serve`
 
-    def stage(self, text):
+    def stage(self, text: str) -> None:
         self.p.console.print(f"[cyan]•[/] {escape(text)}")
         if self.live:
             self.live.stage(text)
 
-    def progress(self, what, pct):
+    def progress(self, what: str, pct: float) -> None:
         if self.live:
             self.live.progress(what, pct)
         task = self.lanes.get(("progress", what))
@@ -80,7 +97,7 @@ class RichEvents(Events):
             self.p.remove_task(task)
             del self.lanes[("progress", what)]
 
-    def build_progress(self, pct, line):
+    def build_progress(self, pct: float, line: str) -> None:
         if self.build_task is None:
             self.build_task = self.p.add_task("compiling llama.cpp", total=100)
         self.p.update(self.build_task, completed=pct)
@@ -88,12 +105,12 @@ class RichEvents(Events):
             self.p.remove_task(self.build_task)
             self.build_task = None
 
-    def cells(self, total):
+    def cells(self, total: int) -> None:
         self.cell_task = self.p.add_task("cells", total=max(total, 1))
         if total == 0:
             self.p.update(self.cell_task, completed=1, description="cells: all done already")
 
-    def lane(self, device, text):
+    def lane(self, device: str, text: str) -> None:
         if text.startswith(f"{device} "):  # a cell's label names its device: say it once
             text = text[len(device) + 1 :]
         if device not in self.lanes:
@@ -102,11 +119,12 @@ class RichEvents(Events):
         if self.live:
             self.live.lane(device, text)
 
-    def cell_start(self, cell):
+    def cell_start(self, cell: Cell) -> None:
         if self.live:
             self.live.lane(cell.device, cell.label().removeprefix(f"{cell.device} "), cell.cell_id)
 
-    def cell_done(self, cell, ok, note=""):
+    def cell_done(self, cell: Cell, ok: bool, note: str = "") -> None:
+        assert self.cell_task is not None, "cells() comes first"
         self.p.advance(self.cell_task)
         if not ok:
             self.p.console.print(f"[red]✗[/] {escape(cell.label())}: {escape(note)}")
@@ -114,7 +132,7 @@ class RichEvents(Events):
                 self.live.failed(cell.device, cell.label(), cell.cell_id, note)
 
 
-def _print_table(columns, rows, **kw) -> None:
+def _print_table(columns: Sequence[str], rows: Iterable[Sequence[str]], **kw: Any) -> None:
     """A rich table of these columns and rows (each a sequence of strings); kw: Table's (title, box)."""
     t = Table(*columns, **kw)
     for r in rows:
@@ -123,7 +141,7 @@ def _print_table(columns, rows, **kw) -> None:
 
 
 # ---------------------------------------------------------------- models
-def print_model_info(info) -> None:
+def print_model_info(info: ModelInfo) -> None:
     console.print(
         f"{info.name} ({info.arch}) {info.n_params / 1e6:.1f} M params, {info.bytes / 1024**2:.1f} MiB, "
         f"{info.bpw:.3f} bits/weight; layers {info.n_layer}, KV heads {info.n_head_kv}, ctx {info.n_ctx_train}"
@@ -141,7 +159,7 @@ def print_quantizing(quant: str) -> None:
     console.print(f"[dim]quantize {quant}[/]")
 
 
-def print_ladder(made: dict) -> None:
+def print_ladder(made: dict[str, QuantFile]) -> None:
     """The quant ladder made: {quant: its model file}."""
     _print_table(
         ("quant", "MiB", "bits/weight", "tensor types"),
@@ -158,7 +176,7 @@ def print_ladder(made: dict) -> None:
 
 
 # ---------------------------------------------------------------- results / recommend / views
-def _fmt(v, f="{:.2f}"):
+def _fmt(v: Any, f: str = "{:.2f}") -> str:
     import pandas as pd
 
     if v is None or pd.isna(v):
@@ -182,14 +200,14 @@ WIDE_HEADERS = (
 ROOFLINE_HEADERS = (*_ROW_HEADERS, "test", "threads", "quota", "load", "t/s", "limit t/s", "efficiency", "bound")
 
 
-def print_wide(rows):
+def print_wide(rows: pd.DataFrame) -> None:
     from .tables import wide
 
     w = wide(rows)
     if w.empty:
         console.print("no results yet")
         return
-    rows = (
+    lines = (
         (
             r["device"],
             r["model"],
@@ -206,10 +224,10 @@ def print_wide(rows):
         )
         for _, r in w.iterrows()
     )
-    _print_table(WIDE_HEADERS, rows, title="results (best over threads)")
+    _print_table(WIDE_HEADERS, lines, title="results (best over threads)")
 
 
-def print_recs(rows, spec, as_json=False):
+def print_recs(rows: pd.DataFrame, spec: RecommendSpec, as_json: bool = False) -> None:
     from .tables import recommendation_views
 
     recs, views = recommendation_views(rows, spec)
@@ -222,7 +240,7 @@ def print_recs(rows, spec, as_json=False):
         console.print("no results to recommend from")
 
 
-def _print_rec(v) -> None:
+def _print_rec(v: RecommendationView) -> None:
     p = v.pick
     console.print(
         f"[bold green]{v.device}: ship {escape(p.label)}[/] ({p.bpw} bits/w, {p.mib} MiB, decode {p.decode} "
@@ -244,7 +262,7 @@ def _print_rec(v) -> None:
     _print_min_ram(v)
 
 
-def _print_min_ram(v) -> None:
+def _print_min_ram(v: RecommendationView) -> None:
     if not v.min_ram:
         return
     t = Table(
@@ -259,7 +277,7 @@ def _print_min_ram(v) -> None:
         console.print("  * runtime overhead not measured for this file: the default assumed", markup=False)
 
 
-def print_cells(cells) -> None:
+def print_cells(cells: Iterable[dict]) -> None:
     rows = (
         (
             c["cell_id"],
@@ -278,7 +296,7 @@ def print_cells(cells) -> None:
     _print_table(("cell", "recipe", "device", "model", "quant", "payload", "params", "status", "tries", "error"), rows)
 
 
-def print_roofline(df) -> None:
+def print_roofline(df: pd.DataFrame) -> None:
     import pandas as pd
 
     if df.empty:
@@ -304,7 +322,7 @@ def print_roofline(df) -> None:
     _print_table(ROOFLINE_HEADERS, rows, title="roofline (limits from the membw payload)")
 
 
-def print_findings(fs) -> None:
+def print_findings(fs: list[dict]) -> None:
     if not fs:
         console.print("not enough data for any finding")
     for f in fs:
@@ -312,7 +330,7 @@ def print_findings(fs) -> None:
         console.print(f"{f['device']} {f['model']}: {f['claim']}: {mark} — {escape(f['evidence'])}")
 
 
-def print_comparison(cmp, fmt: str) -> None:
+def print_comparison(cmp: Comparison, fmt: str) -> None:
     from . import compare as cmpmod
 
     if fmt == "markdown":
@@ -336,7 +354,7 @@ def print_comparison(cmp, fmt: str) -> None:
         console.print(line, markup=False)
 
 
-def print_bisect_step(st, metric: str) -> None:
+def print_bisect_step(st: Step, metric: str) -> None:
     ratio = f"{metric} ×{st.ratio:.3f} of the good end" if st.ratio is not None else ""
     p = f" (p {st.p:.2g})" if st.p is not None else ""
     console.print(
@@ -347,7 +365,7 @@ def print_bisect_step(st, metric: str) -> None:
 
 
 # ---------------------------------------------------------------- plan / devices / doctor
-def print_plan(pv) -> None:
+def print_plan(pv: Preview) -> None:
     """`devicelab plan`: what a run would do (preview.Preview), per device its cells and time estimate."""
     console.print(f"[bold]{escape(pv.recipe)}[/]: {escape(pv.source)}")
     for line in pv.work:
@@ -376,7 +394,7 @@ def print_plan(pv) -> None:
     )
 
 
-def print_probe(d, res: dict) -> None:
+def print_probe(d: Device, res: dict[str, tuple[bool, str]]) -> None:
     """`devicelab devices probe`: a device's telemetry sources, {source: (readable, detail)}."""
     console.print(f"[bold]{d.name}[/] ({d.transport})")
     for src, (ok, detail) in res.items():
@@ -387,11 +405,11 @@ def print_probe(d, res: dict) -> None:
 DOCTOR_STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
 
 
-def print_device_heading(d) -> None:
+def print_device_heading(d: Device) -> None:
     console.print(f"[bold]{escape(d.name)}[/] ({escape(d.transport)})")
 
 
-def say_check(c) -> None:
+def say_check(c: Check) -> None:
     """One doctor check: its mark, title and detail, and its fix (or hint) below."""
     from .doctor import MARK
 

@@ -25,7 +25,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import captures, push
 from . import facts as factsmod
@@ -38,6 +38,9 @@ from .telemetry import sampler_csv, sources
 from .telemetry.normalize import NO_POWER
 from .transports import open_transport
 from .transports.commands import KitScript, SampleOnce
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MARK = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "-"}
@@ -305,12 +308,13 @@ def _app(v: _Visit) -> None:
     if not v.t.builds_before_facts:
         return
     # its facts and its file operations are its build's (an app on a phone): built and installed first, as a run does
+    from .build import ios
     from .build import source as sourcemod
     from .runner.session import target_for
 
     t0 = time.time()
     tgt, _ = target_for(v.t, v.dev, {})
-    v.t.make_build(sourcemod.resolve(None), tgt)
+    ios.ensure(v.t, sourcemod.resolve(None), tgt)
     v.add("device app", OK, f"{tgt.name}: built and installed in {time.time() - t0:.0f} s (its facts are the app's)")
 
 
@@ -715,7 +719,7 @@ def _sampler(v: _Visit) -> None:
     if tr is None:
         v.add("sampler rate", SKIP, "no sampler trace (see the telemetry lines above)")
         return
-    t = tr.frame["t_s"].dropna().to_numpy(dtype=float) if len(tr.frame) else []
+    t: np.ndarray | list[float] = tr.frame["t_s"].dropna().to_numpy(dtype=float) if len(tr.frame) else []
     asked = tr.interval_s * 1000
     own = round(asked) != v.asked_ms  # its transport ran the sampler its own way (a short run of the app's)
     if len(t) < (2 if own else 3):
@@ -746,7 +750,7 @@ def _clock(v: _Visit) -> None:
     if not v.shell:
         v.add("clock offset", SKIP, "no shell to ask the time: rows' times are the host's")
         return
-    best = None
+    best: tuple[float, float] | None = None  # (offset, its error)
     for _ in range(3):
         t0 = time.time()
         r = v.t.run(["date", "+%s.%N"], timeout=30)
@@ -762,6 +766,7 @@ def _clock(v: _Visit) -> None:
         off, err = float(out) - (t0 + t1) / 2, (t1 - t0) / 2 + res
         if best is None or err < best[1]:
             best = (off, err)
+    assert best is not None, "each try sets it or returns"
     off, err = best
     detail = f"device {'ahead of' if off > 0 else 'behind'} this host by {abs(off):.3f} s (± {err:.3f} s)"
     if abs(off) - err > CLOCK_WARN_S:
@@ -835,7 +840,8 @@ def _missing(x) -> bool:
 def bench_text(rows: list[dict]) -> str:
     """The row a bench cell produced, the figures a person looks at first: each test's speed, the peak RSS, the
     decode's energy per token and power, the hottest temperature (a missing one with its reason, once)."""
-    out, why = [], {}
+    out: list[str] = []
+    why: dict[str, list[str]] = {}  # reason -> the figures missing for it
     for r in rows:
         m, val = r["metric"], r["value"]
         if m in ("prefill_tps", "decode_tps"):
@@ -1002,7 +1008,7 @@ def write_bundle(reports: list[DeviceReport], path: Path) -> dict:
     where: dict[str, set[str]] = {}
     files: dict[str, str] = {}
     for rep in reports:
-        entry = {"name": rep.name, "transport": rep.transport, "model": red(rep.model), "files": []}
+        entry: dict[str, Any] = {"name": rep.name, "transport": rep.transport, "model": red(rep.model), "files": []}
         entry["checks"] = [{k: red(v) for k, v in asdict(c).items()} for c in rep.checks]
         for c in rep.captures:
             arc = f"{rep.name}/{c.name}"
@@ -1010,7 +1016,7 @@ def write_bundle(reports: list[DeviceReport], path: Path) -> dict:
             for s, ph in red.subs.items():
                 if s in c.text:
                     where.setdefault(ph, set()).add(arc)
-            f = {"path": arc, "what": red(c.what), "format": c.format}
+            f: dict[str, Any] = {"path": arc, "what": red(c.what), "format": c.format}
             if c.expect is not None:
                 f["expect"] = _expect_json(c.expect, red)
             if c.unsupported:
@@ -1040,8 +1046,9 @@ def read_bundle(path: Path) -> tuple[dict, dict[str, str]]:
     with tarfile.open(path, "r:gz") as tar:
         texts = {}
         for m in tar.getmembers():
-            if m.isfile():
-                texts[m.name] = tar.extractfile(m).read().decode("utf-8")
+            fh = tar.extractfile(m) if m.isfile() else None
+            if fh is not None:  # a regular file's contents
+                texts[m.name] = fh.read().decode("utf-8")
     if "manifest.json" not in texts:
         raise DevicelabError(f"{path} is not a devicelab doctor bundle (no manifest.json)")
     return json.loads(texts.pop("manifest.json")), texts

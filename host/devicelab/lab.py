@@ -10,7 +10,7 @@ from typing import Annotated, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from .errors import DevicelabError
-from .transports.settings import ADBSettings, DeviceBase, IOSSettings, LocalSettings, SSHSettings
+from .transports.settings import ADBSettings, IOSSettings, LocalSettings, SSHSettings
 from .validation import load_yaml, one_line
 
 LAB_HOST_ENV = "DEVICELAB_LAB_HOST"  # a Ray node's lab-host name, inherited by the lanes it runs
@@ -27,14 +27,19 @@ Device = Annotated[Union[LocalSettings, SSHSettings, ADBSettings, IOSSettings], 
 DEFAULT_TRANSPORT = LocalSettings.model_fields["transport"].default
 
 
-def device_from(entry: dict) -> DeviceBase:
+def device_from(entry: dict) -> Device:
     """One lab-file device entry, validated by its transport's settings model."""
     return TypeAdapter(Device).validate_python({"transport": DEFAULT_TRANSPORT, **entry})
 
 
+def _this_workstation() -> list[Device]:
+    """The devices of a lab without a lab file: this workstation alone."""
+    return [LocalSettings(name="local")]
+
+
 class Lab(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    devices: list[Device] = Field(default_factory=lambda: [LocalSettings(name="local")])
+    devices: list[Device] = Field(default_factory=_this_workstation)
     cluster: str | None = Field(default=None, pattern=r"^[^\s:]+:[0-9]{1,5}$")  # the Ray head, HOST:PORT
 
     @field_validator("devices", mode="before")
@@ -51,7 +56,7 @@ class Lab(BaseModel):
         self.devices = [d.resolve(by_name) for d in self.devices]
         return self
 
-    def device(self, name: str) -> DeviceBase:
+    def device(self, name: str) -> Device:
         for d in self.devices:
             if d.name == name:
                 return d
@@ -60,7 +65,7 @@ class Lab(BaseModel):
         known = ", ".join(d.name for d in self.devices) or "none"
         raise DevicelabError(f"device {name!r} is not in the lab file (known: {known}); add it under devices:")
 
-    def hosted_by(self, host: str | None) -> list[DeviceBase]:
+    def hosted_by(self, host: str | None) -> list[Device]:
         """The devices plugged into one lab host (None: the head)."""
         return [d for d in self.devices if d.lab_host == host]
 

@@ -76,7 +76,9 @@ def latest_run(db: sqlite3.Connection, recipe: str | None) -> str | None:
 
 def where(db: sqlite3.Connection, sel: Selection) -> tuple[list[str], list, bool]:
     """The conditions, their arguments, and whether they select a small part (drive from contexts)."""
-    conds, args, narrow = [], [], False
+    conds: list[str] = []
+    args: list[str | None] = []  # the run None where there is none yet: nothing matches
+    narrow = False
     if sel.done_only:
         conds.append("c.status = 'done'")
     if sel.recipe:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 import yaml
 
@@ -123,7 +123,7 @@ def route_problem(route: str, task: str, output_type: str | None) -> str | None:
     return None
 
 
-def check_tasks(route: str, tasks: Iterable[str], output_types: dict[str, str | None]) -> None:
+def check_tasks(route: str, tasks: Iterable[str], output_types: Mapping[str, str | None]) -> None:
     for t in tasks:
         why = route_problem(route, t, output_types.get(t))
         if why:
@@ -262,7 +262,7 @@ def rows(res: dict, route: str) -> list[Row]:
         metric, filt = _primary(cfg)
         key = f"{metric},{filt}"
         n = (res.get("n-samples", {}).get(task) or {}).get("effective")
-        kw = dict(test=f"lm-eval:{task}:{metric}", phase="eval", ctx=None, n=n)
+        kw: dict[str, Any] = dict(test=f"lm-eval:{task}:{metric}", phase="eval", ctx=None, n=n)
         v = r.get(key)
         if not isinstance(v, (int, float)):
             out.append(missing("accuracy", f"lm-eval reported no {key} for {task} ({route})", **kw))
@@ -275,6 +275,13 @@ def rows(res: dict, route: str) -> list[Row]:
 
 
 # ---------------------------------------------------------------------------- host route: llama-cpp-python
+def _refused(task: str, output_type: str) -> DevicelabError:
+    """A request of a kind the host route does not score (route_problem has its reason)."""
+    why = route_problem("host-loglikelihood", task, output_type)
+    assert why is not None, f"the host route scores {output_type}"
+    return DevicelabError(why)
+
+
 def host_lm(model_path: Path, n_ctx: int, threads: int):
     """An lm-eval LM that scores log-likelihoods in-process with llama-cpp-python on the GGUF file."""
     _lm_eval()
@@ -336,10 +343,10 @@ def host_lm(model_path: Path, n_ctx: int, threads: int):
             return [self._score(*r.args[:2]) for r in requests]
 
         def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            raise DevicelabError(route_problem("host-loglikelihood", "(rolling)", "loglikelihood_rolling"))
+            raise _refused("(rolling)", "loglikelihood_rolling")
 
         def generate_until(self, requests, disable_tqdm: bool = False):
-            raise DevicelabError(route_problem("host-loglikelihood", "(generation)", "generate_until"))
+            raise _refused("(generation)", "generate_until")
 
     lm = LlamaCppLM()
     lm.provenance = {

@@ -43,16 +43,17 @@ def cell_id(identity: dict) -> str:
 
 def expand(recipe: Recipe, source_commit: str, model_sha: dict[str, str]) -> list[Cell]:
     cells = []
+    backends: list[str | None] = [*(recipe.backends or [])] or [None]  # each, or the device's default build once
     for dev in recipe.devices:
         for m in recipe.models:
             for q in recipe.quants:
-                for p, b in [(p, b) for p in recipe.payloads for b in (recipe.backends or [None])]:
+                for p, b in [(p, b) for p in recipe.payloads for b in backends]:
                     kind = kinds.get(p.kind)
                     if not kind.per_model:
                         continue
                     for params in kind.variants(p):
                         if b is not None:  # a recipe without backends keeps the ids it always had
-                            if kind.where(params) == "host" and b != recipe.backends[0]:
+                            if kind.where(params) == "host" and b != backends[0]:
                                 continue  # runs on this host's llama.cpp: once
                             params = {**params, "backend": b}
                         ident = {

@@ -106,7 +106,7 @@ def _seconds(c: dict) -> float | None:
 def estimate(cell: Cell, hist: list[dict]) -> float | None:
     """The median time of the same cell's kin in the ledger's history: the same device, kind, model and quant;
     else the same device and kind; else the kind on any device."""
-    done = [h for h in hist if h["status"] == "done" and _seconds(h) is not None]
+    done = [(h, s) for h in hist if h["status"] == "done" and (s := _seconds(h)) is not None]  # with its time
     for same in (
         (
             lambda h: (
@@ -117,7 +117,7 @@ def estimate(cell: Cell, hist: list[dict]) -> float | None:
         (lambda h: (h["device"], h["payload"]) == (cell.device, cell.payload)),
         (lambda h: h["payload"] == cell.payload),
     ):
-        kin = [_seconds(h) for h in done if same(h)]
+        kin = [s for h, s in done if same(h)]
         if kin:
             return statistics.median(kin)
     return None

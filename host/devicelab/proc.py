@@ -15,7 +15,7 @@ def tail(text: str, n: int = 25) -> str:
 
 
 def run_logged(
-    argv: Sequence[str],
+    argv: Sequence[str | Path],
     log: Path,
     *,
     cwd: Path | None = None,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -52,7 +52,14 @@ class ModelSpec(_Strict):
 
 
 # the payload union is built from the kinds' registry: a new kind is one file in kinds/
-Payload = Annotated[Union[tuple(k.spec for k in kinds.REGISTRY.values())], Field(discriminator="kind")]
+if TYPE_CHECKING:  # to a type checker, any kind's spec: a Spec with its kind's name (each a `kind: Literal[...]`)
+    from .kinds.base import Spec
+
+    class Payload(Spec):
+        kind: str
+
+else:
+    Payload = Annotated[Union[tuple(k.spec for k in kinds.REGISTRY.values())], Field(discriminator="kind")]
 
 
 class RecommendSpec(_Strict):

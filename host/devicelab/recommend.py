@@ -205,10 +205,10 @@ def dominates(a: Candidate, b: Candidate, axis: str) -> bool:
 
 def knee(cs: list[Candidate]) -> dict | None:
     """The bits-per-weight step where mean KLD jumps the most (going down the ladder)."""
-    k = sorted((c for c in cs if c.kld_mean and c.kld_mean > 0), key=lambda c: -c.bpw)
+    k = sorted(((c, c.kld_mean) for c in cs if c.kld_mean and c.kld_mean > 0), key=lambda x: -x[0].bpw)
     if len(k) < 3:
         return None
-    jumps = [(b.kld_mean / a.kld_mean, a, b) for a, b in pairwise(k)]
+    jumps = [(kb / ka, a, b) for (a, ka), (b, kb) in pairwise(k)]
     j, a, b = max(jumps, key=lambda x: x[0])
     return {"bpw": round(b.bpw, 3), "from": a.quant, "to": b.quant, "jump": round(j, 2)}
 
@@ -230,6 +230,7 @@ def _choose(cs: list[Candidate], spec: RecommendSpec, axis: str) -> tuple[Candid
             dom = next(o for o in cs if o.passes and dominates(o, c, axis) and same(o, c))
             c.verdict = f"passes, but {dom.label} is better on every axis"
         elif c.passes:
+            assert pick is not None, "a passing candidate no other dominates: there is a pick"
             c.verdict = {
                 "smallest": f"passes, but larger ({c.model_bytes / 1024**2:.0f} MiB vs "
                 f"{pick.model_bytes / 1024**2:.0f} MiB)",
@@ -281,7 +282,7 @@ def min_ram_table(cs: list[Candidate], spec: RecommendSpec) -> list[dict]:
     """Per model and quant, the smallest phone and laptop it fits on at the recipe's context: its need
     (weights + KV + the runtime overhead measured on this device) against budget.phone_rule and
     ram_fraction × a laptop's RAM."""
-    out = []
+    out: list[dict] = []
     for c in sorted(cs, key=lambda c: (c.model, -c.bpw)):
         phone = next((g for g in budgetmod.TABLE_PHONES_GB if budgetmod.phone_rule(g) >= c.ram_need), None)
         laptop = next(

@@ -167,7 +167,7 @@ COLUMN: dict[str, Column] = {c.name: c for c in COLUMNS}
 ROW_COLUMNS = [c.name for c in COLUMNS]
 
 
-def columns(*, type: str | tuple[str, ...] | None = None, part: str | None = None, **flags) -> tuple[str, ...]:
+def columns(*, type: str | tuple[str, ...] | None = None, part: str | None = None, **flags: bool) -> tuple[str, ...]:
     """The names of the declared columns of `type` (one or several), `part`, and flags (fact=True, match=True)."""
     types = (type,) if isinstance(type, str) else type
     return tuple(
@@ -204,7 +204,7 @@ class Row:
     flash_attn: str | None = None
     context: dict[str, Any] = field(default_factory=dict)  # cell-level columns filled by the executor
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.metric not in METRICS:
             raise ValueError(f"unknown metric {self.metric!r}")
         if self.value is None or (isinstance(self.value, float) and math.isnan(self.value)):
@@ -217,7 +217,7 @@ class Row:
         return METRICS[self.metric]
 
     def record(self) -> dict:
-        d = {c: None for c in ROW_COLUMNS}
+        d: dict[str, Any] = {c: None for c in ROW_COLUMNS}
         d.update(self.context)
         base = asdict(self)
         base.pop("context")
@@ -235,5 +235,5 @@ class Row:
         return d
 
 
-def missing(metric: str, reason: str, **kw) -> Row:
+def missing(metric: str, reason: str, **kw: Any) -> Row:
     return Row(metric=metric, value=float("nan"), missing_reason=reason, **kw)

@@ -17,6 +17,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 LIVE_FILE = "live.json"
 KEEP_STAGES = 30
@@ -34,7 +35,7 @@ class LiveStatus:
     def __init__(self, lab_dir: Path, recipe: str = "", recommend: dict | None = None):
         self.path = Path(lab_dir) / LIVE_FILE
         self._lock = threading.Lock()
-        self.doc = {
+        self.doc: dict[str, Any] = {
             "pid": os.getpid(),
             "recipe": recipe,
             "recommend": recommend or {},
@@ -137,8 +138,9 @@ def _lane(dev: str, cells: list[dict], run_id: str, live: dict, db: sqlite3.Conn
     eta = 0.0 if not left else None
     if per is not None and left:
         eta = per * len(left)
-        if cur and _epoch(cur["started_at"]):
-            eta = max(eta - min(_now() - _epoch(cur["started_at"]), per), 0)
+        started = _epoch(cur["started_at"]) if cur else None
+        if started:
+            eta = max(eta - min(_now() - started, per), 0)
     last = max((c for c in done if c["finished_at"]), key=lambda c: c["finished_at"], default=None)
     lane_live = live.get("lanes", {}).get(dev, {})
     return {

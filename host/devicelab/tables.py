@@ -54,7 +54,7 @@ def load(path: Path, recipe: str | None = None) -> pd.DataFrame:
             num = pd.to_numeric(df[c], errors="coerce")
             bad = num.isna() & df[c].notna() & (df[c].astype(str).str.strip() != "")
             if bad.any():
-                i = int(bad.idxmax())
+                i = int(bad.to_numpy().argmax())  # the first bad row's position
                 raise DevicelabError(
                     f"{p}: column {c} holds {str(df[c].iloc[i])[:40]!r} at row {i + 2}, not a "
                     "number; fix or re-export the table"
@@ -129,8 +129,14 @@ class Table:
     rows: tuple[tuple[str, ...], ...]
 
     @classmethod
-    def of(cls, records: list[dict], fmt: dict | None = None, columns: Sequence[str] | None = None) -> Table:
-        """From records ({header: value}) or a frame's rows; `fmt`: header -> format string or function."""
+    def of(
+        cls,
+        records: Sequence[dict] | Sequence[pd.Series],
+        fmt: dict | None = None,
+        columns: Sequence[str] | None = None,
+    ) -> Table:
+        """From records ({header: value}) or a frame's rows (with `columns`); `fmt`: header -> format string or
+        function."""
         fmt = fmt or {}
         cols = tuple(columns if columns is not None else (records[0] if records else {}))
         return cls(columns=cols, rows=tuple(tuple(text(r.get(c), fmt.get(c)) for c in cols) for r in records))

@@ -20,14 +20,15 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from .targets import Target
 
 # the backends, named here only: other modules ask for BACKENDS / Backend (a recipe's and a device's `backends:`
 # validate against it) or CPU
-BACKENDS = ("cpu", "vulkan", "opencl", "metal", "cuda")
-Backend = Literal[BACKENDS]  # type: ignore[valid-type]   # Literal["cpu", "vulkan", …], from the tuple
+Backend = Literal["cpu", "vulkan", "opencl", "metal", "cuda"]
+BACKENDS: tuple[Backend, ...] = ("cpu", "vulkan", "opencl", "metal", "cuda")  # the type checker holds it to Backend
+assert set(BACKENDS) == set(get_args(Backend)), "BACKENDS and Backend name the same backends"
 CPU = "cpu"
 
 

@@ -19,7 +19,7 @@ from typing import Callable
 from .. import paths
 from ..errors import DevicelabError
 from ..proc import tail
-from .source import Source
+from .source import SourceTree
 from .targets import Target, check_toolchain, host_cpu_flags
 
 MANIFEST = "devicelab-build.json"
@@ -66,7 +66,7 @@ def cpu_features() -> list[str]:
     return sorted(host_cpu_flags())
 
 
-def tree_flags(src: Source) -> dict[str, str]:
+def tree_flags(src: SourceTree) -> dict[str, str]:
     """What a llama.cpp tree needs beyond its target's flags: trees before late 2025 default LLAMA_CURL to ON and
     then need libcurl's headers, for downloading models by URL, which the lab never asks llama.cpp to do (newer
     trees deprecate the option, and get nothing here: their build keys are unchanged)."""
@@ -82,7 +82,7 @@ def _tree_flags(tree: str, commit: str) -> tuple[tuple[str, str], ...]:
     return (("LLAMA_CURL", "OFF"),) if re.search(r"^\s*option\(\s*LLAMA_CURL\b", text, re.M) else ()
 
 
-def build_flags(src: Source, t: Target) -> dict[str, str]:
+def build_flags(src: SourceTree, t: Target) -> dict[str, str]:
     """The CMake definitions of a build of this tree for this target."""
     return {**t.cmake_flags(), **tree_flags(src)}
 
@@ -96,7 +96,7 @@ def _defined_targets(tree: str, commit: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def buildable(src: Source, tools) -> tuple[str, ...]:
+def buildable(src: SourceTree, tools) -> tuple[str, ...]:
     """The tools of `tools` this tree defines: an older tree lacks newer ones (llama-completion came after
     llama-cpp-python 0.3.16's tree), and a build of it makes the rest; a cell whose kind needs a missing one
     fails naming it. A tree whose targets cannot be read keeps the list."""
@@ -104,7 +104,7 @@ def buildable(src: Source, tools) -> tuple[str, ...]:
     return tuple(x for x in tools if x in defined) if defined else tuple(tools)
 
 
-def build_key(src: Source, t: Target, tools=None) -> tuple[str, dict]:
+def build_key(src: SourceTree, t: Target, tools=None) -> tuple[str, dict]:
     tools = tools or t.tools
     ident = {
         "commit": src.commit,
@@ -121,11 +121,11 @@ def build_key(src: Source, t: Target, tools=None) -> tuple[str, dict]:
     return key, ident
 
 
-def build_dir_for(t: Target, src: Source, key: str) -> Path:
+def build_dir_for(t: Target, src: SourceTree, key: str) -> Path:
     return paths.sub("builds") / f"{t.name}-{src.short}-{key}"
 
 
-def find(src: Source, t: Target, tools=None) -> Build | None:
+def find(src: SourceTree, t: Target, tools=None) -> Build | None:
     tools = tools or t.tools
     key, _ = build_key(src, t, tools)
     d = build_dir_for(t, src, key)
@@ -136,7 +136,11 @@ def find(src: Source, t: Target, tools=None) -> Build | None:
 
 
 def ensure(
-    src: Source, t: Target, tools=None, jobs: int | None = None, progress: Callable[[float, str], None] | None = None
+    src: SourceTree,
+    t: Target,
+    tools=None,
+    jobs: int | None = None,
+    progress: Callable[[float, str], None] | None = None,
 ) -> Build:
     """Return the cached build, or configure + build it now. Two processes asking for the same build (two
     `devicelab run`s, a test and a run) take turns on a lock file: the second finds the first's build."""
@@ -154,7 +158,7 @@ def ensure(
         return find(src, t, tools) or _build(src, t, tools, jobs, progress)
 
 
-def _build(src: Source, t: Target, tools, jobs, progress) -> Build:
+def _build(src: SourceTree, t: Target, tools, jobs, progress) -> Build:
     check_toolchain(t)
     key, ident = build_key(src, t, tools)
     tools = buildable(src, tools)
@@ -233,7 +237,7 @@ def run_cmake(configure: list[str], compile_: list[str], log: Path, env: dict, p
     return round(time.time() - t0, 1)
 
 
-def manifest_base(key: str, ident: dict, src: Source, configure, compile_, launcher: dict, seconds: float) -> dict:
+def manifest_base(key: str, ident: dict, src: SourceTree, configure, compile_, launcher: dict, seconds: float) -> dict:
     """What every build's manifest records of how it was made (any kind of build)."""
     return {
         "key": key,
@@ -262,6 +266,7 @@ def _stream(argv: list[str], log: Path, env: dict, step: str, progress) -> None:
             )
         except FileNotFoundError as e:
             raise DevicelabError(f"{argv[0]} not found; install cmake and a C/C++ compiler") from e
+        assert p.stdout is not None, "stdout=PIPE"
         for line in p.stdout:
             fh.write(line)
             m = _PCT.match(line)

@@ -17,7 +17,7 @@ from typing import Callable
 from .. import paths
 from ..errors import DevicelabError
 from . import cache
-from .source import Source
+from .source import SourceTree
 from .targets import COMMON_FLAGS, Target, check_toolchain, local_native
 
 BINARY = "devicelab-harness"
@@ -72,7 +72,7 @@ def linux_target() -> Target:
     return local_native()
 
 
-def build_key(src: Source, t: Target) -> tuple[str, dict]:
+def build_key(src: SourceTree, t: Target) -> tuple[str, dict]:
     ident = {
         "what": BINARY,
         "commit": src.commit,
@@ -87,7 +87,7 @@ def build_key(src: Source, t: Target) -> tuple[str, dict]:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16], ident
 
 
-def build_dir_for(src: Source, t: Target, key: str) -> Path:
+def build_dir_for(src: SourceTree, t: Target, key: str) -> Path:
     return paths.sub("builds") / f"harness-{t.name}-{src.short}-{key}"
 
 
@@ -97,7 +97,7 @@ def llama_binary_dir(d: Path) -> Path:
     return d.parent / f"{d.name}-llama"
 
 
-def find_linux(src: Source) -> HarnessBuild | None:
+def find_linux(src: SourceTree) -> HarnessBuild | None:
     t = linux_target()
     key, _ = build_key(src, t)
     d = build_dir_for(src, t, key)
@@ -109,7 +109,7 @@ def find_linux(src: Source) -> HarnessBuild | None:
 
 
 def ensure_linux(
-    src: Source, jobs: int | None = None, progress: Callable[[float, str], None] | None = None
+    src: SourceTree, jobs: int | None = None, progress: Callable[[float, str], None] | None = None
 ) -> HarnessBuild:
     """The Linux harness for the pinned tree, cached by (commit, target, flags, compiler, harness sources): a hit
     starts no cmake. Two processes asking at once take turns on a lock file; the second finds the first's build."""
@@ -127,7 +127,7 @@ def ensure_linux(
         return find_linux(src) or _build_linux(src, t, key, ident, d, jobs, progress)
 
 
-def _build_linux(src: Source, t: Target, key: str, ident: dict, d: Path, jobs, progress) -> HarnessBuild:
+def _build_linux(src: SourceTree, t: Target, key: str, ident: dict, d: Path, jobs, progress) -> HarnessBuild:
     check_toolchain(t)
     cache.check_disk("the harness build")
     d.mkdir(parents=True, exist_ok=True)

@@ -22,9 +22,10 @@ from pathlib import Path
 from .. import paths, push
 from ..errors import DevicelabError
 from ..hashing import sha256_file
-from ..transports import devicectl
+from ..transports import Transport, devicectl
+from ..transports.ios import IOSTransport
 from . import cache, harness, remote
-from .source import Source
+from .source import SourceTree
 from .targets import DEVICE_TOOLS, Target
 
 TARGET = "arm64-ios"
@@ -61,7 +62,7 @@ class IOSBuild:
         return cache.build_provenance(self.manifest)
 
 
-def ident(src: Source, t: Target, team_id: str, bundle_id: str, min_os: str) -> tuple[str, dict]:
+def ident(src: SourceTree, t: Target, team_id: str, bundle_id: str, min_os: str) -> tuple[str, dict]:
     """The build's key and what it hashes: commit, target, flags, team, bundle id, the harness's sources."""
     metal = t.flags.get("GGML_METAL") == "ON"
     flags = {**t.cmake_flags(), **harness.ios_flags(bundle_id, team_id, metal, min_os)}
@@ -103,9 +104,11 @@ def _unpack(mac, tarball: Path, folder: str) -> None:
     mac.touch(posixpath.join(folder, ".ok"))
 
 
-def ensure(t, src: Source, tgt: Target, jobs: int | None = None) -> IOSBuild:
+def ensure(t: Transport, src: SourceTree, tgt: Target, jobs: int | None = None) -> IOSBuild:
     """The app for the phone `t` (transports/ios.IOSTransport): built on its Mac unless that build is there,
     installed unless the phone has it."""
+    if not isinstance(t, IOSTransport):  # a `where: transport` build is the app's, made through an iPhone's Mac
+        raise DevicelabError(f"{t.name} cannot make its own builds (target {tgt.name})")
     mac = t.mac
     min_os = t.min_os or harness.ios_deployment_target(src.path)
     key, parts = ident(src, tgt, t.team_id, t.bundle_id, min_os)
@@ -131,7 +134,7 @@ def _env(t) -> dict | None:
     return {"DEVELOPER_DIR": t.xcode} if t.xcode else None
 
 
-def _build(t, src: Source, tgt: Target, key: str, parts: dict, root: str, min_os: str) -> dict:
+def _build(t, src: SourceTree, tgt: Target, key: str, parts: dict, root: str, min_os: str) -> dict:
     mac = t.mac
     if mac.run(["cmake", "--version"], env=_env(t)).rc != 0:
         raise DevicelabError(f"{mac.name} has no cmake: install it there (brew install cmake) and run again")

@@ -20,7 +20,7 @@ from ..hashing import sha256_file
 from ..transports.base import Transport
 from .cache import build_flags
 from .source import BUILD_EXCLUDE as EXCLUDE
-from .source import Source
+from .source import SourceTree
 from .targets import Target
 
 
@@ -37,7 +37,7 @@ class RemoteBuild:
         return self.manifest["key"]
 
 
-def key_for(src: Source, t: Target, compiler: str) -> str:
+def key_for(src: SourceTree, t: Target, compiler: str) -> str:
     ident = {
         "commit": src.commit,
         "dirty": src.dirty,
@@ -49,7 +49,7 @@ def key_for(src: Source, t: Target, compiler: str) -> str:
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def source_tarball(src: Source) -> Path:
+def source_tarball(src: SourceTree) -> Path:
     """The llama.cpp tree without what a build does not need, packed once per commit."""
     out = paths.sub("sources") / f"llama.cpp-{src.commit[:12]}{'-dirty' if src.dirty else ''}.tar.gz"
     if out.exists():
@@ -76,7 +76,7 @@ def plan(remote_src: str, remote_build: str, t: Target, jobs: int, flags: dict |
     ]
 
 
-def ensure(t: Transport, src: Source, target: Target, jobs: int | None = None) -> RemoteBuild:
+def ensure(t: Transport, src: SourceTree, target: Target, jobs: int | None = None) -> RemoteBuild:
     cc = t.sh("cc --version 2>/dev/null | head -n1").stdout.strip() or "cc"
     key = key_for(src, target, cc)
     root = posixpath.join(t.workdir(), "builds", f"{target.name}-{src.short}-{key}")

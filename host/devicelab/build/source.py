@@ -37,7 +37,9 @@ BUILD_EXCLUDE = {
 
 
 @dataclass(frozen=True)
-class Source:
+class SourceTree:
+    """A llama.cpp source tree at a commit: what every build is made from."""
+
     path: Path  # the llama.cpp tree (has CMakeLists.txt and ggml/)
     commit: str  # full hash
     origin: str  # what the user asked for
@@ -202,8 +204,8 @@ def commit_of(spec: str | None) -> str:
     return resolve(spec).commit
 
 
-def resolve(spec: str | None = None) -> Source:
-    """Turn a source spec into a Source with its commit. Specs: 'pypi:llama-cpp-python==X.Y.Z',
+def resolve(spec: str | None = None) -> SourceTree:
+    """Turn a source spec into a SourceTree with its commit. Specs: 'pypi:llama-cpp-python==X.Y.Z',
     a path to a llama.cpp checkout / extracted sdist, a path to a sdist .tar.gz, or 'git:PATH@REV' (a revision
     of a clone, checked out into devicelab's worktree of it)."""
     spec = spec or DEFAULT_SOURCE
@@ -225,7 +227,7 @@ def resolve(spec: str | None = None) -> Source:
     if got is None:
         raise DevicelabError(f"cannot read the commit of {tree} (no git metadata); use a git checkout of llama.cpp")
     commit, dirty = got
-    src = Source(path=tree, commit=commit, origin=spec, dirty=dirty)
+    src = SourceTree(path=tree, commit=commit, origin=spec, dirty=dirty)
     try:
         cache.write_text(json.dumps(src.to_json(), indent=1))
     except OSError:

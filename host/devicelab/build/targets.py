@@ -48,7 +48,9 @@ class Target:
     name: str  # e.g. "x86_64-linux-native"
     os: str  # linux | android | darwin
     arch: str  # x86_64 | aarch64 | arm64
-    where: str  # "host" (built here) | "device" (built on the device over its transport)
+    # "host" (built here) | "device" (built on the device over its transport) | "transport" (made through the
+    # device's transport: the iPhone's app, built and signed on its Mac and installed over devicectl, build/ios.py)
+    where: str
     flags: dict = field(default_factory=dict)
     toolchain: str = "system"  # human description recorded in the manifest
     tools: tuple = TOOLS

@@ -82,7 +82,10 @@ def _transcript_files(text: str) -> dict[str, str]:
         cd = re.match(r"^\s*cd\s+(/\S+)\s*$", line)
         if p or cd:
             reading = ""
-            cwd = cd[1] if cd else (p["dir"] or cwd)
+            if cd:
+                cwd = cd[1]
+            elif p:
+                cwd = p["dir"] or cwd
             cat = re.match(r"cat\s+(\S+)\s*$", p["cmd"]) if p else None
             if cat:
                 reading = cat[1] if cat[1].startswith("/") else f"{cwd.rstrip('/')}/{cat[1]}"

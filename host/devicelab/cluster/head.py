@@ -24,6 +24,7 @@ import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
 
 import ray
 
@@ -37,6 +38,12 @@ from ..ledger import Ledger
 from ..runner.host import HostCPUs, HostWork, measured
 from ..runner.lane import LEDGER_CALLS, Events, Lane, LaneLedger, protocol_calls
 from . import KV_NAMESPACE, blobs, lease_key
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..build.source import SourceTree
+    from ..build.targets import Target
+    from ..models.ladder import QuantFile
+    from ..models.store import ModelSource
 
 
 def relay(proto: type) -> type:
@@ -57,7 +64,15 @@ def relay(proto: type) -> type:
     return type(f"_{proto.__name__}Relay", (), {n: method(n) for n in sorted(protocol_calls(proto))})
 
 
-class RelayEvents(relay(Events), Events):
+if TYPE_CHECKING:  # made at run time from a Protocol by relay(): its calls are the Protocol's, typed there
+    _EventsRelay: Any
+    _LedgerRelay: Any
+else:
+    _EventsRelay = relay(Events)
+    _LedgerRelay = relay(LaneLedger)
+
+
+class RelayEvents(_EventsRelay, Events):
     """Events put on the driver's queue, in order (each put returns before the next)."""
 
     def __init__(self, queue):
@@ -70,7 +85,7 @@ class RelayEvents(relay(Events), Events):
             pass
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=64)
+@ray.remote(num_cpus=0, max_restarts=0, max_concurrency=64)  # type: ignore[call-overload]  # ray's typed remote() lacks the actor option max_concurrency its docs give
 class Head:
     def __init__(self, ledger_path: str, host_kwargs: dict, queue, telemetry, run_id: str):
         self.ev = RelayEvents(queue)
@@ -231,7 +246,7 @@ class SharedCPUs:
         """Nothing to end here: a wait is the head's, and cpu_drop ends this lane's when the lane is released."""
 
 
-class RemoteLedger(relay(LaneLedger)):
+class RemoteLedger(_LedgerRelay):
     """The head's ledger from another node: artifacts are staged here and sent with the cell's outcome."""
 
     def __init__(self, head, staging: Path):
@@ -267,12 +282,16 @@ class RemoteLedger(relay(LaneLedger)):
         return self._forward("fail_cell", (cell_id, error), {"retryable": retryable})
 
 
+# a file the head hands out: (its path there, sha256, size)
+FileDesc = tuple[str, str, int]
+
+
 @dataclasses.dataclass(frozen=True)
-class RemoteBuild(Build):
+class HeadBuild(Build):
     """A build made on the head: its tools come into this node's cache by content hash when first used."""
 
-    files: dict = dataclasses.field(default_factory=dict)
-    fetch: object = None
+    files: dict[str, FileDesc]  # tool -> its file on the head
+    fetch: Callable[[FileDesc, int | None], Path]
 
     def tool(self, name: str) -> Path:
         return self.fetch(self.files[name], 0o755)
@@ -289,7 +308,7 @@ class RemoteHostWork:
         self.head, self.jobs, self.info = head, info["jobs"], info
         self.here = info.get("node") == ray.get_runtime_context().get_node_id()  # on the head node
         self.cpu = SharedCPUs(head, owner) if self.here else HostCPUs(note)
-        self._src = None
+        self._src: SourceTree | None = None
         self._lock = threading.Lock()
 
     def _call(self, name, *a):
@@ -304,7 +323,7 @@ class RemoteHostWork:
         )
 
     @property
-    def src(self):
+    def src(self) -> SourceTree:
         from ..build import source as sourcemod
 
         with self._lock:
@@ -326,21 +345,21 @@ class RemoteHostWork:
                 self._src = src
             return self._src
 
-    def build(self, tgt):
+    def build(self, tgt: Target) -> HeadBuild:
         manifest, files = self._call("build", tgt)
-        return RemoteBuild(Path(tempfile.gettempdir()), manifest, files, self._fetch)
+        return HeadBuild(Path(tempfile.gettempdir()), manifest, files, self._fetch)
 
-    def quant(self, model: str, quant: str):
+    def quant(self, model: str, quant: str) -> QuantFile:
         qf, desc = self._call("quant", model, quant)
         return dataclasses.replace(qf, path=self._fetch(desc))
 
-    def base(self, model: str):
+    def base(self, model: str) -> QuantFile:
         return self._call("base", model)
 
-    def model_source(self, model: str):
+    def model_source(self, model: str) -> ModelSource:
         return self._call("model_source", model)
 
-    def op(self, name: str, *args):
+    def op(self, name: str, *args: Any) -> Any:
         """A kind's host operation, made on the head; its files come into this node's cache by content."""
         o = get_op(name)
         got = self._call("op", name, args)
@@ -364,12 +383,12 @@ def _put_lease(device: str, lease: dict | None) -> None:
         )
 
 
-@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4)
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=4)  # type: ignore[call-overload]  # ray's typed remote() lacks the actor option max_concurrency its docs give
 class LaneActor:
     """One device's lane, on the lab host the device is plugged into (the head's included), holding its
     `device:NAME` resource for the lane's life: the process Ray hands the device to is the one that drives it."""
 
-    def __init__(self, head, queue):
+    def __init__(self, head: Any, queue: Any) -> None:  # the Head actor's handle, the events queue
         self.head, self.queue = head, queue
         self.stop = threading.Event()
         self.lane: Lane | None = None

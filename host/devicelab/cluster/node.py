@@ -13,7 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from .. import lab as labmod
 from .. import paths
@@ -135,7 +137,7 @@ def gcs(address: str):
     import ray._raylet
 
     use_auth_token()
-    return ray._raylet.GcsClient(address=address)
+    return ray._raylet.GcsClient(address=address)  # type: ignore[attr-defined]  # ray's _raylet.pyi leaves out GcsClient, which the compiled module has
 
 
 def head_identity(address: str, timeout: float = 10) -> dict:
@@ -143,9 +145,10 @@ def head_identity(address: str, timeout: float = 10) -> dict:
     host, _, port = address.rpartition(":")
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # ValueError: a port that is no number
+        why = (e.strerror if isinstance(e, OSError) else None) or e
         raise DevicelabError(
-            f"no Ray head answers at {address} ({e.strerror or e}): start it with `devicelab head` on "
+            f"no Ray head answers at {address} ({why}): start it with `devicelab head` on "
             "the head host, or check the address"
         ) from None
     try:
@@ -435,23 +438,41 @@ INSECURE_WARNING = (
 )
 
 
-def secure(host: str, node_ip: str | None, insecure: bool, tls_dir, make_certs: bool, say, head: bool) -> None:
+@dataclass(frozen=True)
+class NodeOptions:
+    """How this lab host's Ray node starts, as `devicelab head` and `devicelab worker` are told (their shared
+    options): its name, the address the others reach it at, the llama.cpp source, `ray start`'s extra arguments,
+    authentication and TLS, its ports' base and whether every address may listen, and where it says what it does."""
+
+    host: str
+    node_ip: str | None = None
+    source_spec: str | None = None
+    ray_args: tuple[str, ...] = ()
+    insecure: bool = False
+    tls_dir: str | Path | None = None
+    port: int = 6379
+    any_address: bool = False
+    say: Callable[[str], object] = print
+
+
+def secure(o: NodeOptions, *, make_certs: bool, head: bool) -> None:
     """The node's token and TLS, before any Ray process starts: the token (made on the head), refused when others
     can read it; TLS from the lab's folder (its CA and this host's certificate made first on a head asked to)."""
+    host, say = o.host, o.say
     if make_certs:
-        if not tls_dir:
+        if not o.tls_dir:
             raise DevicelabError("--make-certs needs --tls DIR: the folder for the lab's CA and certificates")
-        folder = Path(tls_dir).expanduser()
+        folder = Path(o.tls_dir).expanduser()
         made = tls.make_ca(folder)
-        tls.issue(folder, host, [node_ip] if node_ip else [])
+        tls.issue(folder, host, [o.node_ip] if o.node_ip else [])
         say(
             f"{'made the lab CA and ' if made else ''}{host}'s certificate in {folder}; for each other lab host: "
             f"devicelab cert --tls {folder} --host NAME --ip ADDRESS, then copy ca.crt, NAME.crt, NAME.key to it"
         )
-    if tls.use(tls_dir, host):  # first: Ray reads its TLS settings once, when its config is first read
+    if tls.use(o.tls_dir, host):  # first: Ray reads its TLS settings once, when its config is first read
         say(f"TLS on between lab hosts (CA {os.environ['RAY_TLS_CA_CERT']})")
-    use_auth_token(make=head, insecure=insecure, listens=True)
-    if insecure:
+    use_auth_token(make=head, insecure=o.insecure, listens=True)
+    if o.insecure:
         say(INSECURE_WARNING)
 
 
@@ -464,24 +485,13 @@ def _up_or_stop(p: subprocess.Popen, check) -> None:
         raise
 
 
-def run_head(
-    lab: labmod.Lab,
-    host: str,
-    port: int,
-    node_ip: str | None,
-    source_spec: str | None,
-    ray_args: tuple[str, ...] = (),
-    say=print,
-    insecure: bool = False,
-    tls_dir=None,
-    make_certs: bool = False,
-    any_address: bool = False,
-) -> int:
+def run_head(lab: labmod.Lab, o: NodeOptions, *, make_certs: bool = False) -> int:
     """Start the head node in the foreground, advertising the lab file's devices that have no lab_host."""
     _stop_on_signals()
-    secure(host, node_ip, insecure, tls_dir, make_certs, say, head=True)
+    host, node_ip, port = o.host, o.node_ip, o.port
+    secure(o, make_certs=make_certs, head=True)
     blobs.clean_leftovers()
-    mine = identity(source_spec)
+    mine = identity(o.source_spec)
     devices = lab.hosted_by(None)
     check_devices(devices, host)
     argv = [
@@ -490,7 +500,7 @@ def run_head(
         "--head",
         *port_args(port, head=True),
         "--include-dashboard=false",
-        *_common(devices, host, node_ip, ray_args),
+        *_common(devices, host, node_ip, o.ray_args),
     ]
     p = _start(argv, _node_env(host, None))
     address = f"{node_ip or '127.0.0.1'}:{port}"
@@ -506,42 +516,30 @@ def run_head(
                 p.kill()
                 raise DevicelabError(f"the Ray head did not start at {address} (ray start exited {p.poll()})") from None
             time.sleep(0.5)
-    _up_or_stop(p, lambda: _say_exposure(p, node_ip, port, True, any_address, say))
-    say(
+    _up_or_stop(p, lambda: _say_exposure(p, o, head=True))
+    o.say(
         f"devicelab head {host} at {address}: devices {', '.join(d.name for d in devices) or 'none'}; on each "
         f"other lab host: devicelab worker --address {address} --lab LAB --host NAME"
     )
     return _wait(p)
 
 
-def _say_exposure(p, node_ip, base, head, any_address, say) -> None:
-    say(ports_line(base, head))
-    warning = check_exposure(p, node_ip, base, head, any_address)
+def _say_exposure(p: subprocess.Popen, o: NodeOptions, *, head: bool) -> None:
+    o.say(ports_line(o.port, head))
+    warning = check_exposure(p, o.node_ip, o.port, head, o.any_address)
     if warning:
-        say(warning)
+        o.say(warning)
 
 
-def run_worker(
-    lab: labmod.Lab,
-    address: str,
-    host: str,
-    node_ip: str | None,
-    source_spec: str | None,
-    cache: Path | None = None,
-    ray_args: tuple[str, ...] = (),
-    say=print,
-    insecure: bool = False,
-    tls_dir=None,
-    port: int = 6379,
-    any_address: bool = False,
-) -> int:
+def run_worker(lab: labmod.Lab, address: str, o: NodeOptions, *, cache: Path | None = None) -> int:
     """Join this host to the head at `address` in the foreground, advertising its devices; refused in one line
     when its devicelab or llama.cpp differs from the head's, or a device of it is missing or taken."""
     _stop_on_signals()
-    secure(host, node_ip, insecure, tls_dir, False, say, head=False)
+    host, node_ip, port = o.host, o.node_ip, o.port
+    secure(o, make_certs=False, head=False)
     blobs.clean_leftovers(Path(cache).expanduser() if cache else None)
     head = head_identity(address)
-    why = mismatch(identity(source_spec), head)
+    why = mismatch(identity(o.source_spec), head)
     if why:
         raise DevicelabError(f"lab host {host} refused: {why}")
     devices = lab.hosted_by(host)
@@ -560,7 +558,7 @@ def run_worker(
                 "start",
                 f"--address={address}",
                 *port_args(port, head=False),
-                *_common(devices, host, node_ip, ray_args),
+                *_common(devices, host, node_ip, o.ray_args),
             ],
             _node_env(host, cache),
         )
@@ -573,8 +571,8 @@ def run_worker(
                 )
             time.sleep(0.5)
         confirm_claims(address, host, names, token, node_ip)
-        _up_or_stop(p, lambda: _say_exposure(p, node_ip, port, False, any_address, say))
-        say(f"lab host {host} joined {address}: devices {', '.join(names)}")
+        _up_or_stop(p, lambda: _say_exposure(p, o, head=False))
+        o.say(f"lab host {host} joined {address}: devices {', '.join(names)}")
         return _wait(p)
     finally:
         release_devices(address, names, token)

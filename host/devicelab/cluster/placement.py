@@ -41,6 +41,12 @@ class ClusterPlacement:
         self.address, self.tls_dir = address, tls_dir
         self.su: RunSetup | None = None
 
+    @property
+    def setup(self) -> RunSetup:
+        """What the run gave open()."""
+        assert self.su is not None, "open() comes first"
+        return self.su
+
     def open(self, setup: RunSetup) -> None:
         """Connect to the cluster and check that its head runs this devicelab and llama.cpp."""
         address = self.address
@@ -92,10 +98,10 @@ class ClusterPlacement:
 
         from .head import Head
 
-        ray, su = self.ray, self.su
+        ray, su = self.ray, self.setup
         here = NodeAffinitySchedulingStrategy(self.me, soft=False)
         self.queue = Queue(actor_options={"num_cpus": 0, "scheduling_strategy": here})
-        self.head = Head.options(scheduling_strategy=here).remote(
+        self.head = Head.options(scheduling_strategy=here).remote(  # type: ignore[attr-defined]  # an actor class: ray's typed remote() rejects its max_concurrency, so its ActorClass type is lost
             str(su.ledger_path), su.host_kwargs, self.queue, su.telemetry, run_id
         )
         info = ray.get(self.head.info.remote())
@@ -129,7 +135,7 @@ class ClusterPlacement:
         device once Ray grants it the resource."""
         from .head import LaneActor
 
-        name, su = st.device.name, self.su
+        name, su = st.device.name, self.setup
         if st.where is None:
             h = st.device.lab_host
             self._fail_rest(
@@ -139,7 +145,7 @@ class ClusterPlacement:
                 + " (the lab file's lab_host says where it is plugged in)",
             )
             return
-        st.holder = LaneActor.options(resources={resource(name): 1}).remote(self.head, self.queue)
+        st.holder = LaneActor.options(resources={resource(name): 1}).remote(self.head, self.queue)  # type: ignore[attr-defined]  # as Head's above
         st.run = st.holder.run.remote(st.device.model_dump(), st.cells, run_id, su.telemetry, info, lease)
         st.ready = st.holder.ready.remote()
         su.events.lane(name, f"placing on lab host {st.where[1]}")
@@ -158,10 +164,10 @@ class ClusterPlacement:
                     continue
                 if name == "cell_done":
                     self.outcome[args[0].cell_id] = bool(args[1])
-                getattr(self.su.events, name)(*args)
+                getattr(self.setup.events, name)(*args)
 
     def _fail_rest(self, st: _LaneState, why: str) -> None:
-        su = self.su
+        su = self.setup
         for c in st.cells:
             if c.cell_id in self.outcome or su.ledger.status(c.cell_id) in (DONE, SKIPPED):
                 continue
@@ -192,7 +198,7 @@ class ClusterPlacement:
 
     def _step_ready(self, st: _LaneState) -> None:
         """Its device's resource granted (the lane starts), or still held by another run (say by whom)."""
-        name, host, ev = st.device.name, st.where[1], self.su.events
+        name, host, ev = st.device.name, st.where[1], self.setup.events
         got, _ = self.ray.wait([st.ready], timeout=0)
         if got:
             st.ready = None

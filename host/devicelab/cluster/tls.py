@@ -82,6 +82,7 @@ def issue(folder: Path, host: str, ips: list[str], dns: list[str] | None = None)
     own processes reach it); returns (cert, key)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import dsa, ec, ed448, ed25519, rsa
     from cryptography.x509.oid import ExtendedKeyUsageOID
 
     if not (folder / "ca.key").exists():
@@ -89,14 +90,23 @@ def issue(folder: Path, host: str, ips: list[str], dns: list[str] | None = None)
             f"{folder} holds no CA key: make the certificates on the head (devicelab head --make-certs --tls {folder})"
         )
     ca_key = serialization.load_pem_private_key((folder / "ca.key").read_bytes(), None)
+    signers = (
+        ec.EllipticCurvePrivateKey,
+        rsa.RSAPrivateKey,
+        ed25519.Ed25519PrivateKey,
+        ed448.Ed448PrivateKey,
+        dsa.DSAPrivateKey,
+    )
+    if not isinstance(ca_key, signers):  # the lab's CA key is an EC key (make_ca); one made by hand may be another
+        raise DevicelabError(f"{folder / 'ca.key'} is no key a certificate can be signed with")
     ca = x509.load_pem_x509_certificate((folder / "ca.crt").read_bytes())
-    addrs = []
+    addrs: list[x509.GeneralName] = []
     for ip in [*ips, "127.0.0.1"]:
         try:
             addrs.append(x509.IPAddress(ipaddress.ip_address(ip)))
         except ValueError:
             raise DevicelabError(f"{ip!r} is not an IP address: give the address the lab reaches {host} at") from None
-    names = [x509.DNSName(n) for n in dict.fromkeys([host, "localhost", *(dns or [])])]
+    names: list[x509.GeneralName] = [x509.DNSName(n) for n in dict.fromkeys([host, "localhost", *(dns or [])])]
     key, now = _key(), datetime.datetime.now(datetime.timezone.utc)
     cert = (
         x509.CertificateBuilder()

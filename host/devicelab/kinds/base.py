@@ -228,7 +228,7 @@ def digest(*parts) -> str:
 
 def timed_lines(stdout_tsv: str) -> list[tuple[float | None, str]]:
     """run_payload.sh's stdout.tsv ('time<TAB>line') or plain text, as (time, line)."""
-    out = []
+    out: list[tuple[float | None, str]] = []
     for line in stdout_tsv.splitlines():
         t, sep, payload = line.partition("\t")
         if not sep:

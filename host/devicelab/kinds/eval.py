@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
@@ -104,6 +104,7 @@ class EvalSpec(Spec, _EvalFields):
     def cell_params(self) -> dict:
         """What identifies a cell of this payload (only its route's fields: adding a field to another
         route never changes the cell ids of a recorded run)."""
+        keep: tuple[str, ...]
         if self.route == "device-mc":
             keep = ("route", "task", "data", "tasks", "ctx", "threads")
         elif self.route == "server-generate":
@@ -132,12 +133,12 @@ _MC = re.compile(r"Final result: ([\d.]+) \+/- ([\d.]+)")
 
 
 def parse_device_mc(text: str, c: EvalCell) -> list[Row]:
-    kw = dict(test=f"{c.task}:{Path(c.data or '').name}", phase="eval", ctx=c.ctx)
+    kw: dict[str, Any] = dict(test=f"{c.task}:{Path(c.data or '').name}", phase="eval", ctx=c.ctx)
     if c.task == "hellaswag":
-        m = _HS.findall(text)
-        if not m:
+        found = _HS.findall(text)
+        if not found:
             return [missing("accuracy", "llama-perplexity printed no hellaswag score", **kw)]
-        n, acc = m[-1]
+        n, acc = found[-1]
         return [Row(metric="accuracy", value=float(acc) / 100, n=int(n), **kw)]
     rx = _WG if c.task == "winogrande" else _MC
     m = rx.search(text)

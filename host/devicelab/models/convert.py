@@ -124,10 +124,12 @@ def _stream(argv: list[str], env: dict, log: Path, progress, what: str) -> tuple
     with open(log, "ab") as fh:
         fh.write(("\n$ " + " ".join(argv) + "\n").encode())
         p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        out = p.stdout
+        assert out is not None, "stdout=PIPE"
         chunks = []
         buf = b""
         while True:
-            b = p.stdout.read1(65536) if hasattr(p.stdout, "read1") else p.stdout.read(65536)
+            b = out.read1(65536) if hasattr(out, "read1") else out.read(65536)
             if not b:
                 break
             fh.write(b)
@@ -211,7 +213,16 @@ def merge_lora(base: Path, lora: Path, export_tool: Path, threads: int | None = 
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = paths.temp_for(out)
-    argv = [export_tool, "-m", base, "--lora", lora, "-o", tmp] + (["-t", str(threads)] if threads else [])
+    argv: list[str | Path] = [
+        export_tool,
+        "-m",
+        base,
+        "--lora",
+        lora,
+        "-o",
+        tmp,
+        *(["-t", str(threads)] if threads else []),
+    ]
     run_logged(argv, out.parent / "export-lora.log", what=f"llama-export-lora {Path(base).name} + {Path(lora).name}")
     tmp.replace(out)
     return out

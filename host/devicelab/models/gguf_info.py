@@ -135,7 +135,9 @@ def read(path: Path) -> ModelInfo:
         raise DevicelabError(f"{path} is not a readable GGUF file ({e}); give a .gguf model") from e
     arch = _field(r, "general.architecture", "unknown")
     a = lambda k: _field(r, f"{arch}.{k}")
-    counts, tbytes, tparams = Counter(), Counter(), Counter()
+    counts: Counter[str] = Counter()  # per tensor type: tensors, bytes, parameters
+    tbytes: Counter[str] = Counter()
+    tparams: Counter[str] = Counter()
     n_params = 0
     parts = split_parts(path, _field(r, "split.count", 1) or 1)
     size = sum(p.stat().st_size for p in parts)

@@ -192,6 +192,8 @@ def resolve(spec: str) -> Resolved:
             )
         else:
             info = hh.HfApi().model_info(ref.repo, revision=rev)
+            if info.sha is None:  # the hub names it; its client's type allows none
+                raise DevicelabError(f"{ref}: the hub named no commit of {ref.repo} at {rev}")
             commit = info.sha
             chosen = choose(ref, [s.rfilename for s in info.siblings or []])
             folder = Path(hh.snapshot_download(ref.repo, revision=commit, allow_patterns=chosen or CHECKPOINT_FILES))

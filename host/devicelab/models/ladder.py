@@ -128,7 +128,7 @@ class Ladder:
         self.split = len(gguf_info.all_parts(self.source)) > 1
         self.dir = paths.sub("models") / model_name / self.source_sha[:12]
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._source_info = None
+        self._source_info: gguf_info.ModelInfo | None = None
 
     def source_info(self) -> gguf_info.ModelInfo:
         if self._source_info is None:

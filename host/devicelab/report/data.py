@@ -8,6 +8,7 @@ import html
 import json
 import math
 from pathlib import Path
+from typing import cast
 
 import pandas as pd
 
@@ -54,7 +55,8 @@ def _provenanced(rows: pd.DataFrame) -> pd.DataFrame:
 def provenance(r: pd.Series) -> str:
     """A row's provenance as hover text (HTML lines): cell, run, device, build, model file, conditions."""
     temps = f"temps {_fmt(r.get('temp_start_c'), '{:.1f}')} → {_fmt(r.get('temp_end_c'), '{:.1f}')} °C"
-    throttled = {True: "throttled", False: "not throttled"}.get(_bool(r.get("throttled")), "throttle unknown")
+    said: dict[bool | None, str] = {True: "throttled", False: "not throttled"}
+    throttled = said.get(_bool(r.get("throttled")), "throttle unknown")
     head = f"{r['device']} · {r['model']} {r['quant']} ({_s(r.get('payload'))} {_s(r.get('test'))})"
     lines = [
         f"{r['metric']} = {_fmt(r['value'])} {_s(r.get('unit'))} ± {_fmt(r.get('stddev'))} (n={_s(r.get('n'))})",
@@ -195,7 +197,9 @@ def roofline_points(rows: pd.DataFrame) -> list[dict]:
     for r in rl.itertuples():
         if _num(r.limit_tps) is None:
             continue  # a device with no bandwidth measured has no roof
-        row = prov.get((*(_s(getattr(r, k)) for k in key), round(float(r.tps), 6)))
+        # roofline()'s numeric columns (pandas' stubs type a row's fields as any scalar, text and dates too)
+        tps, bpw = float(cast(float, r.tps)), float(cast(float, r.bpw))
+        row = prov.get((*(_s(getattr(r, k)) for k in key), round(tps, 6)))
         head = (
             f"{r.tps:.1f} t/s of a {_fmt(r.limit_tps, '{:.1f}')} t/s limit ({_fmt(r.efficiency, '{:.0%}')}, "
             f"{r.bound}-bound)"
@@ -205,9 +209,9 @@ def roofline_points(rows: pd.DataFrame) -> list[dict]:
                 "device": r.device,
                 "model": r.model,
                 "quant": r.quant,
-                "x": float(r.bpw),
+                "x": bpw,
                 "metric": r.metric,
-                "tps": float(r.tps),
+                "tps": tps,
                 "limit": _num(r.limit_tps),
                 "eff": _num(r.efficiency),
                 "threads": _s(r.threads),

@@ -168,7 +168,7 @@ def compared_columns() -> set[str]:
     from .. import compare as cmpmod
     from .. import kinds
 
-    keys = {c for k in (kinds.base.Kind, *kinds.REGISTRY.values()) for c in k.key_properties}
+    keys = {*kinds.base.Kind.key_properties, *(c for k in kinds.REGISTRY.values() for c in k.key_properties)}
     return {*MEASURED, *keys, *(c for _, c in COMPARED), *(c for c, _ in cmpmod.ALIASES.values())}
 
 

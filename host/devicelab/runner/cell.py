@@ -31,6 +31,7 @@ from .conditions import Contention, Quota
 from .session import DeviceSession, read_pids
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..build import AnyBuild
     from ..plan import Cell
 
 # what run_payload.sh leaves in a cell's device folder, with the files telemetry sources write beside the payload
@@ -53,7 +54,7 @@ class CellContext:
         return self.s.tool(name, self.cell.params.get("backend"))
 
     @property
-    def build(self):
+    def build(self) -> AnyBuild:
         """The device's build (its manifest says the target a payload is built for)."""
         return self.s.build
 
@@ -141,16 +142,16 @@ class CellRun:
     interval_ms: int
     kind: Kind = field(init=False)
     cx: CellContext = field(init=False)
-    prep: Prepared | None = None
+    prep: Prepared = field(init=False)  # what the kind prepared (_prepare)
     attempt: int = 0  # the cell's attempt number: its artifacts' folder
-    base: Path | None = None  # the attempt's artifacts here …
+    base: Path = field(init=False)  # the attempt's artifacts here (_prepare) …
     remote: str = ""  # … and on the device
     env: dict = field(default_factory=dict)  # run_payload.sh's environment
     provenance: dict = field(default_factory=dict)  # row columns: what prepare and the conditions resolved
     data: list[str] = field(default_factory=list)  # the JSON documents the run produced (served)
     reruns: list[str] = field(default_factory=list)  # runs repeated for a lost tail
     prior: dict | None = None  # the device's energy calibration before this cell
-    cooldown: Row | None = None
+    cooldown: Row = field(init=False)  # the wait before it measured (_execute)
     own: str = ""  # this cell in the host's CPU activity …
     host_window: tuple[float, float] = (0.0, 0.0)  # … and when it measured, host clock
     host_busy: float | None = None  # CPUs other processes kept busy while it measured on this host's CPUs
@@ -248,6 +249,7 @@ def _execute(r: CellRun) -> bool:
     False when a condition cannot be had (the cell is skipped, saying why)."""
     s = r.s
     found = s.conditions.sources
+    assert found is not None, "the session opened its telemetry sources"
     with ExitStack() as conds:
         r.env = {**s.device.env, **r.prep.env, **found.env(), "DEVICELAB_CURRENT": s.link.current_file}
         try:

@@ -14,6 +14,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 from .. import kinds, paths, recipe_paths
 from ..build import cache as buildcache
@@ -21,7 +22,7 @@ from ..build import source as sourcemod
 from ..build import targets
 from ..errors import DevicelabError
 from ..models import convert, gguf_info, store
-from ..models.ladder import Ladder
+from ..models.ladder import Ladder, QuantFile
 
 
 def cpu_seconds() -> tuple[float, float] | None:
@@ -60,6 +61,15 @@ def measured():
             m.others_cpus = round(max(0.0, (c1[0] - c0[0]) - (c1[1] - c0[1])) / wall, 3)
 
 
+@dataclass
+class _Use:
+    """One use of the host's CPUs, logged: what, and when it began and ended (None: still going), host time."""
+
+    label: str
+    start: float
+    end: float | None = None
+
+
 class HostCPUs:
     """Readers/writer lock over this machine's CPUs. `measure(who)`: a device that measures on these CPUs
     runs its payload alone. `work(label)`: a host-side step (build, quantize, base logits, host eval) —
@@ -71,17 +81,17 @@ class HostCPUs:
     and host work a shared one, released by the kernel when a process dies. A use that has to wait for another
     process says so through `note`, naming it."""
 
-    def __init__(self, note=None):
+    def __init__(self, note: Callable[[str], None] | None = None) -> None:
         self._note = note
         self._cancel = threading.Event()
         self._cv = threading.Condition()
         self._measuring: str | None = None
         self._workers = 0
         self._waiting_measures = 0
-        self._log: list[tuple[str, float, float | None]] = []  # (label, start, end) in host time
+        self._log: list[_Use] = []
 
-    def _enter(self, label: str) -> list:
-        entry = [label, time.time(), None]
+    def _enter(self, label: str) -> _Use:
+        entry = _Use(label, time.time())
         self._log.append(entry)
         return entry
 
@@ -99,7 +109,7 @@ class HostCPUs:
                 yield m
         finally:
             with self._cv:
-                entry[2] = time.time()
+                entry.end = time.time()
                 self._measuring = None
                 self._cv.notify_all()
 
@@ -114,7 +124,7 @@ class HostCPUs:
                 yield
         finally:
             with self._cv:
-                entry[2] = time.time()
+                entry.end = time.time()
                 self._workers -= 1
                 self._cv.notify_all()
 
@@ -159,16 +169,18 @@ class HostCPUs:
             yield
         finally:
             with self._cv:
-                entry[2] = time.time()
+                entry.end = time.time()
 
     def spans(self, label: str) -> list[tuple[float, float]]:
         """(start, end) of every finished use logged under `label`."""
         with self._cv:
-            return [(a, b) for lab, a, b in self._log if lab == label and b is not None]
+            return [(u.start, u.end) for u in self._log if u.label == label and u.end is not None]
 
     def during(self, start: float, end: float, exclude: str = "") -> list[str]:
         with self._cv:
-            out = {lab for lab, a, b in self._log if a < end and (b is None or b > start) and lab != exclude}
+            out = {
+                u.label for u in self._log if u.start < end and (u.end is None or u.end > start) and u.label != exclude
+            }
         return sorted(out)
 
 
@@ -193,7 +205,7 @@ class HostWork:
         self._locks: dict = {}
         self._done: dict = {}
         self._guard = threading.Lock()
-        self._src: sourcemod.Source | None = None
+        self._src: sourcemod.SourceTree | None = None
 
     # ---- once per key ----
     def _lock(self, key) -> threading.Lock:
@@ -208,7 +220,7 @@ class HostWork:
 
     # ---- source and models ----
     @property
-    def src(self) -> sourcemod.Source:
+    def src(self) -> sourcemod.SourceTree:
         return self.once("source", lambda: sourcemod.resolve(self.source_spec))
 
     def model_source(self, name: str) -> store.ModelSource:
@@ -283,7 +295,7 @@ class HostWork:
 
         return self.once(("imatrix", model), make)
 
-    def quant(self, model: str, quant: str):
+    def quant(self, model: str, quant: str) -> QuantFile:
         lad = self.ladder(model)
         im = self.imatrix(model)
 
@@ -296,7 +308,7 @@ class HostWork:
         with self._lock(("ladder-ops", model)):  # base and quants of one model share files
             return self.once(("quant", model, quant), make)
 
-    def base(self, model: str):
+    def base(self, model: str) -> QuantFile:
         lad = self.ladder(model)
         with self._lock(("ladder-ops", model)):
 
@@ -309,7 +321,7 @@ class HostWork:
             return self.once(("base", model), make)
 
     # ---- the kinds' own host work ----
-    def op(self, name: str, *args):
+    def op(self, name: str, *args: Any) -> Any:
         """A kind's host operation (kinds/base.py), made once per (name, args) here."""
         o = kinds.get_op(name)
         key = ("op", name, json.dumps(args, sort_keys=True, default=str))

@@ -12,18 +12,22 @@ import inspect
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Protocol
 
 from ..errors import DevicelabError, RetryableError
 
 if TYPE_CHECKING:  # pragma: no cover
     from contextlib import AbstractContextManager
 
-    from ..build.cache import Build
+    from ..build import AnyBuild
+    from ..build.source import SourceTree
     from ..build.targets import Target
     from ..lab import Device
+    from ..models.ladder import QuantFile
+    from ..models.store import ModelSource
     from ..plan import Cell
     from ..recipes import TelemetrySpec
+    from .host import Measurement
     from .session import DeviceSession
 
 # errors that may pass by themselves (the device went away, the link dropped): their cells are retryable
@@ -49,9 +53,9 @@ class LaneLedger(Protocol):
 class HostCPU(Protocol):
     """The host's CPUs as a resource (host.HostCPUs): a measurement alone, host work beside other work."""
 
-    def measure(self, who: str) -> AbstractContextManager: ...
-    def work(self, label: str) -> AbstractContextManager: ...
-    def activity(self, label: str) -> AbstractContextManager: ...
+    def measure(self, who: str) -> AbstractContextManager[Measurement]: ...
+    def work(self, label: str) -> AbstractContextManager[None]: ...
+    def activity(self, label: str) -> AbstractContextManager[None]: ...
     def during(self, start: float, end: float, exclude: str = "") -> list[str]: ...
     def cancel(self) -> None: ...  # the run stops: a wait for another process's use of the CPUs ends
 
@@ -59,18 +63,20 @@ class HostCPU(Protocol):
 class HostServices(Protocol):
     """The host-side work a lane asks for, each piece made once per key however many lanes ask: builds made
     on the host, quants and bases of the ladder, a model's provenance, and the kinds' own host operations
-    (`op`, see kinds/base.py). `cpu` is the CPUs of the host the lane runs on."""
-
-    cpu: HostCPU
-    jobs: int | None
+    (`op`, see kinds/base.py). `cpu` is the CPUs of the host the lane runs on. Implemented by host.HostWork here
+    and the cluster's RemoteHostWork on another lab host."""
 
     @property
-    def src(self) -> Any: ...
-    def build(self, tgt: Target) -> Build: ...
-    def quant(self, model: str, quant: str) -> Any: ...
-    def base(self, model: str) -> Any: ...
-    def model_source(self, model: str) -> Any: ...
-    def op(self, name: str, *args) -> Any: ...
+    def cpu(self) -> HostCPU: ...
+    @property
+    def jobs(self) -> int | None: ...  # a build's parallel jobs (None: the machine's CPUs)
+    @property
+    def src(self) -> SourceTree: ...
+    def build(self, tgt: Target) -> AnyBuild: ...
+    def quant(self, model: str, quant: str) -> QuantFile: ...
+    def base(self, model: str) -> QuantFile: ...
+    def model_source(self, model: str) -> ModelSource: ...
+    def op(self, name: str, *args: Any) -> Any: ...
 
 
 class Events:
@@ -96,7 +102,7 @@ LEDGER_CALLS = protocol_calls(LaneLedger)
 
 
 @contextmanager
-def device_lock(name: str, run_id: str, ev: Events, stop: threading.Event | None = None):
+def device_lock(name: str, run_id: str, ev: Events, stop: threading.Event | None = None) -> Iterator[None]:
     """One device, one run: an exclusive lock on a file under the device's entry in DEVICELAB_HOME, held while a
     lane drives it (released by the kernel if the process dies). A second run waits, and says who holds it."""
     import fcntl
@@ -227,8 +233,8 @@ class Lane:
         try:
             run_cell(s, c, self.run_id, self.telemetry.interval_ms)
             self.ran += 1
-            st = self.ledger.status(c.cell_id)
-            self.ev.cell_done(c, True, f"skipped: {self.ledger.cell(c.cell_id)['error']}" if st == SKIPPED else "")
+            skipped = self.ledger.cell(c.cell_id) if self.ledger.status(c.cell_id) == SKIPPED else None
+            self.ev.cell_done(c, True, f"skipped: {skipped['error']}" if skipped is not None else "")
         except Exception as e:  # any error of one cell is that cell's
             if self.stop.is_set():
                 self._fail([c], "interrupted by the user", retryable=True)

@@ -62,17 +62,18 @@ class LocalPlacement:
 
     sweeps_sources = True
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.setup: RunSetup | None = None
         self.lanes: list[Lane] = []
 
     def open(self, setup: RunSetup) -> None:
         self.setup = setup
 
-    def run(self, lanes, run_id: str, rep: RunReport) -> None:
+    def run(self, lanes: list[tuple[Device, list[Cell]]], run_id: str, rep: RunReport) -> None:
         su = self.setup
+        assert su is not None, "open() comes first"
         stop = threading.Event()
-        lanes = self.lanes = [
+        running = self.lanes = [
             Lane(d, cells, run_id, su.ledger, su.host, su.events, su.telemetry, stop) for d, cells in lanes
         ]
         try:
@@ -92,5 +93,5 @@ class LocalPlacement:
                 lane.finished.wait(max(0.0, deadline - time.time()))
             raise
         finally:
-            rep.ran += sum(lane.ran for lane in lanes)
-            rep.failed += [c for lane in lanes for c in lane.failed]
+            rep.ran += sum(lane.ran for lane in running)
+            rep.failed += [c for lane in running for c in lane.failed]

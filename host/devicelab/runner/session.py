@@ -9,35 +9,52 @@ import dataclasses
 import posixpath
 import time
 from contextlib import ExitStack
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from .. import budget as budgetmod
 from .. import facts as factsmod
 from .. import kit as kitmod
 from .. import push
 from ..build import backends as backendsmod
-from ..build import targets
+from ..build import choose, targets
 from ..hashing import sha256_file
 from ..kinds.base import SkipCell
 from ..schema import Row
 from ..telemetry import sources
-from ..transports import open_transport
+from ..transports import Transport, open_transport
+from ..transports.settings import SSHSettings
 from .conditions import Governor
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..build import AnyBuild
+    from ..lab import Device
+    from ..recipes import TelemetrySpec
+    from .lane import Events, HostServices, LaneLedger
+
+
+class Warn(Protocol):
+    """How a session says a warning about its device (DeviceConditions.warn: once per key)."""
+
+    def __call__(self, text: str, key: str | None = None) -> None: ...
+
 
 BASELINE_MAX_AGE_S = 6 * 3600
 
 
-def target_for(t, device, facts: dict) -> tuple[targets.Target, list[str]]:
-    """The device's build target: the lab file's `target` if set, else its transport's default; either way with the
-    lab file's `cpu_features` where it gives them (a phone's default target too: its build is the board's when their
-    features are the same)."""
+def target_for(t: Transport, device: Device, facts: dict) -> tuple[targets.Target, list[str]]:
+    """The device's build target: the lab file's `target` if set, else the default for what its transport reaches
+    (build/choose.py); either way with the lab file's `cpu_features` where it gives them (a phone's default
+    target too: its build is the board's when their features are the same)."""
     if device.cpu_features:
         facts = {**facts, "cpu.features": device.cpu_features}
     if device.target:
         return targets.by_name(device.target, set((facts.get("cpu.features") or "").split())), []
-    return t.default_target(device, facts)
+    cross_build = device.cross_build if isinstance(device, SSHSettings) else True
+    return choose.default_target(t.platform, facts, t.name, cross_build=cross_build)
 
 
-def read_pids(t, remote_out: str) -> dict[str, list[str]]:
+def read_pids(t: Transport, remote_out: str) -> dict[str, list[str]]:
     """run_payload.sh's pids file ('runner=1 payload=2 sampler=3 spin=4,5'), by role."""
     out: dict[str, list[str]] = {}
     for kv in (t.read_text(posixpath.join(remote_out, "pids")) or "").split():
@@ -52,24 +69,30 @@ def read_pids(t, remote_out: str) -> dict[str, list[str]]:
 class Link:
     """The device as reached: its lab entry, its transport, the kit on it, the facts it told."""
 
-    def __init__(self, device, host):
+    def __init__(self, device: Device, host: HostServices):
         self.device, self.host, self.name = device, host, device.name
-        self.t = None
+        self.t: Transport | None = None  # once open() connected it
         self.kit = ""
         self.facts: dict = {}
 
-    def open(self, ev, stack: ExitStack) -> None:
+    @property
+    def connected(self) -> Transport:
+        """Its transport, which open() connected (everything but the interrupt runs after it)."""
+        assert self.t is not None, f"{self.name} is not connected yet"
+        return self.t
+
+    def open(self, ev: Events, stack: ExitStack) -> None:
         ev.lane(self.name, "connecting")
-        self.t = open_transport(self.device)
-        self.t.connect()
-        stack.callback(self.t.close)
+        self.t = t = open_transport(self.device)
+        t.connect()
+        stack.callback(t.close)
         ev.lane(self.name, "device facts and kit")
-        self.kit = kitmod.ensure(self.t, lambda p, sha, name: self.push(p, sha, name=name))
-        if not self.t.builds_before_facts:
+        self.kit = kitmod.ensure(t, lambda p, sha, name: self.push(p, sha, name=name))
+        if not t.builds_before_facts:
             self.collect_facts()
 
     def collect_facts(self) -> None:
-        self.facts = factsmod.collect(self.t, self.kit, self.device.telemetry_root)
+        self.facts = factsmod.collect(self.connected, self.kit, self.device.telemetry_root)
 
     @property
     def measures_on_host(self) -> bool:
@@ -86,45 +109,45 @@ class Link:
             self.t is not None and self.t.measures_on_host and not self.device.exec_prefix and not self.device.target
         )
 
-    def push(self, path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
+    def push(self, path: Path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
         """A file into the device's verified cache. Sending it is host-side work (the host reads, encrypts
         and streams it): it waits while a device measures on this host's CPUs."""
         sha, name = sha or sha256_file(path), name or path.name
-        there = push.present(self.t, sha, name)
+        there = push.present(self.connected, sha, name)
         if there:
             return there
         with self.host.cpu.work(f"push to {self.name}"):
-            return push.ensure(self.t, path, sha, name, mode=mode)
+            return push.ensure(self.connected, path, sha, name, mode=mode)
 
     def alive(self) -> bool:
         try:
-            return self.t.alive(timeout=30)
+            return self.connected.alive(timeout=30)
         except Exception:  # any failure to reach it means it is gone
             return False
 
     def stop(self, remote: str, timeout: float | None = None) -> int:
         """Stop what run_payload.sh started in a device folder (its runner, payload, sampler, co-runners); how many
         of them were still running."""
-        n = 0
-        for pids in read_pids(self.t, remote).values():
+        t, n = self.connected, 0
+        for pids in read_pids(t, remote).values():
             for pid in pids:
-                n += self.t.kill(pid, timeout=timeout)
+                n += t.kill(pid, timeout=timeout)
         return n
 
     @property
     def current_file(self) -> str:
         """The device's "what runs now" file: run_payload.sh writes the running payload's folder into it."""
-        return posixpath.join(self.t.workdir(), "current")
+        return posixpath.join(self.connected.workdir(), "current")
 
-    def stop_leftover(self, warn) -> None:
+    def stop_leftover(self, warn: Warn) -> None:
         """A payload an earlier session left running (its lane killed, its host gone): stopped before this session
         measures anything, and said. The device's lock is held, so nothing running there is anyone's now."""
-        left = (self.t.read_text(self.current_file) or "").strip()
+        left = (self.connected.read_text(self.current_file) or "").strip()
         if not left:
             return
         if self.stop(left, timeout=30):
             warn(f"a payload left running by an earlier run ({left}) was stopped first")
-        self.t.remove(self.current_file, timeout=30)
+        self.connected.remove(self.current_file, timeout=30)
 
 
 # ==================================================================== the builds
@@ -132,18 +155,18 @@ class Builds:
     """What the device runs: its build target, the build of each backend it is asked for (or why it cannot have
     it), the devices each sees, and the tools' paths on the device."""
 
-    def __init__(self, link: Link, host, ev, tools_needed: set[str]):
+    def __init__(self, link: Link, host: HostServices, ev: Events, tools_needed: set[str]):
         self.link, self.host, self.ev = link, host, ev
         self.tools_needed = set(tools_needed)
-        self.target = None
-        self.default_backend = backendsmod.CPU
-        self.default = None  # the build of the default backend
-        self._by_backend: dict = {}  # backend -> its build, or the SkipCell saying why it cannot be
-        self.gpu_devices: dict = {}  # backend -> [(name, description)] its build sees
+        self.target: targets.Target | None = None
+        self.default_backend: str = backendsmod.CPU
+        self.default: AnyBuild | None = None  # the build of the default backend
+        self._by_backend: dict[str, AnyBuild | SkipCell] = {}  # backend -> its build, or the SkipCell saying why not
+        self.gpu_devices: dict[str, list[tuple[str, str]]] = {}  # backend -> [(name, description)] its build sees
 
-    def open(self, warn) -> None:
+    def open(self, warn: Warn) -> None:
         link = self.link
-        tgt, warnings = target_for(link.t, link.device, link.facts)
+        tgt, warnings = target_for(link.connected, link.device, link.facts)
         for w in warnings:
             warn(w)
         if self.tools_needed - set(tgt.tools):  # a kind needs a tool the target does not list
@@ -151,29 +174,32 @@ class Builds:
         self.target, self.default_backend = tgt, backendsmod.default_backend(tgt)
         self.default = self._make(tgt, stage=True)
 
-    def _make(self, tgt, stage: bool = False):
+    def _make(self, tgt: targets.Target, stage: bool = False) -> AnyBuild:
         self.ev.lane(self.link.name, f"llama.cpp build ({tgt.name})")
         if tgt.where == "device":
             from ..build import remote
 
             if stage:
                 self.ev.stage(f"llama.cpp native build on {self.link.name} ({tgt.name})")
-            return remote.ensure(self.link.t, self.host.src, tgt, jobs=self.host.jobs)
-        if tgt.where == "transport":  # the transport makes it (an app built and signed on the device's Mac)
+            return remote.ensure(self.link.connected, self.host.src, tgt, jobs=self.host.jobs)
+        if tgt.where == "transport":  # made through its transport: an app built and signed on the device's Mac
+            from ..build import ios
+
             if stage:
                 self.ev.stage(f"llama.cpp build for {self.link.name} ({tgt.name})")
-            return self.link.t.make_build(self.host.src, tgt, jobs=self.host.jobs)
+            return ios.ensure(self.link.connected, self.host.src, tgt, jobs=self.host.jobs)
         return self.host.build(tgt)
 
-    def for_backend(self, backend: str | None):
+    def for_backend(self, backend: str | None) -> AnyBuild:
         """The device's build for a backend (None: its default build); SkipCell with the reason when it
         cannot have that backend."""
         if backend is None or backend == self.default_backend:
+            assert self.default is not None, "the builds are not open yet"
             return self.default
         if backend not in self._by_backend:
             try:
-                self._by_backend[backend] = self._variant(backend)
-                self.gpu_devices[backend] = self._list_devices(backend)
+                self._by_backend[backend] = build = self._variant(backend)
+                self.gpu_devices[backend] = self._list_devices(backend, build)
             except SkipCell as e:
                 self._by_backend[backend] = e
         b = self._by_backend[backend]
@@ -181,10 +207,11 @@ class Builds:
             raise b
         return b
 
-    def _variant(self, backend: str):
+    def _variant(self, backend: str) -> AnyBuild:
         name, allowed = self.link.name, self.link.device.backends
         if allowed is not None and backend not in allowed:
             raise SkipCell(f"{name}'s lab entry allows the backends {', '.join(allowed)}")
+        assert self.target is not None, "the builds are not open yet"
         try:
             tgt = backendsmod.variant(self.target, backend)
         except backendsmod.NoBackend as e:
@@ -194,16 +221,16 @@ class Builds:
         tgt = dataclasses.replace(tgt, tools=tuple(sorted({"llama-bench", "llama-perplexity"} | self.tools_needed)))
         return self._make(tgt)
 
-    def _list_devices(self, backend: str) -> list[tuple[str, str]]:
+    def _list_devices(self, backend: str, build: AnyBuild) -> list[tuple[str, str]]:
         """The devices a backend's build sees on this device (`--list-devices`, printed synchronously: unlike
         the tools' logs, never lost at exit). None seen: the cells of that backend are skipped, with the list."""
-        build, d = self._by_backend[backend], self.link.device
+        d = self.link.device
         tool = next(
             (t for t in ("llama-bench", "llama-perplexity", "llama-server") if t in build.manifest["tools"]), None
         )
         if tool is None:
             return []
-        r = self.link.t.run(
+        r = self.link.connected.run(
             [*d.exec_prefix, self.tool(tool, backend), "--list-devices"], timeout=120, env=d.env or None
         )
         devs = [x for x in backendsmod.parse_devices(r.stdout) if not x[0].upper().startswith("CPU")]
@@ -221,8 +248,8 @@ class Builds:
         if name not in build.manifest["tools"]:
             raise SkipCell(f"the {build.manifest['target']} build has no {name}")
         if build.manifest.get("where") == "device":
-            return build.tool(name)  # built on the device, already there
-        return self.link.push(build.tool(name), build.manifest["tools"][name], mode="755", name=name)
+            return str(build.tool(name))  # built on the device, already there
+        return self.link.push(Path(build.tool(name)), build.manifest["tools"][name], mode="755", name=name)
 
 
 # ==================================================================== the conditions
@@ -230,7 +257,7 @@ class DeviceConditions:
     """What the device's measurements are made under: its idle baseline and the cooldown before each cell, one
     app's memory budget, its battery, the governor pin, the telemetry sources it has; warnings once a session."""
 
-    def __init__(self, link: Link, ledger, ev, spec):
+    def __init__(self, link: Link, ledger: LaneLedger, ev: Events, spec: TelemetrySpec):
         self.link, self.ledger, self.ev, self.spec = link, ledger, ev, spec
         self.baseline: float | None = None
         self.budget = budgetmod.Budget(None, "unknown", "")
@@ -251,7 +278,7 @@ class DeviceConditions:
         self.sources = sources.open_on(
             sources.DeviceAccess(
                 link.name,
-                link.t,
+                link.connected,
                 fact=lambda k: led.device_fact(link.name, k),
                 set_fact=lambda k, v: led.set_device_fact(link.name, k, v),
                 note=self.ev.stage,
@@ -263,7 +290,9 @@ class DeviceConditions:
         d = self.link.device
         self.provenance["governor"] = None
         if d.governor:
-            g = stack.enter_context(Governor(self.link.t, self.link.kit, d.governor, d.telemetry_root, self.warn))
+            g = stack.enter_context(
+                Governor(self.link.connected, self.link.kit, d.governor, d.telemetry_root, self.warn)
+            )
             self.provenance.update(g.provenance)
 
     def warn(self, text: str, key: str | None = None) -> None:
@@ -275,7 +304,7 @@ class DeviceConditions:
 
     # ---------------------------------------------------------------- thermal protocol
     def hottest(self) -> float | None:
-        return sources.temperature_now(self.link.t, self.link.kit, self.link.device.telemetry_root)
+        return sources.temperature_now(self.link.connected, self.link.kit, self.link.device.telemetry_root)
 
     def _idle_baseline(self) -> float | None:
         """The device's idle temperature: its hottest zone at first contact, or a cooler reading of it kept in
@@ -352,7 +381,15 @@ class DeviceSession:
     """One device through a run: the link, the builds and the conditions, opened in that order (the idle
     baseline before a native build can warm the device) and closed together."""
 
-    def __init__(self, device, ledger, host, events, telemetry, tools: set[str]):
+    def __init__(
+        self,
+        device: Device,
+        ledger: LaneLedger,
+        host: HostServices,
+        events: Events,
+        telemetry: TelemetrySpec,
+        tools: set[str],
+    ):
         self.device, self.ledger, self.host, self.ev, self.telemetry = device, ledger, host, events, telemetry
         self.name = device.name
         self.link = Link(device, host)
@@ -362,7 +399,7 @@ class DeviceSession:
         self.interrupted = False  # Ctrl-C: the running cell is cut, whatever its payload did
         self._stack = ExitStack()
 
-    def __enter__(self):
+    def __enter__(self) -> DeviceSession:
         try:
             with self.host.cpu.activity(f"{self.name} setup"):  # in every overlapping row's host_activity
                 self._open()
@@ -371,14 +408,16 @@ class DeviceSession:
             raise
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         self._stack.close()
         return False
 
     def _open(self) -> None:
         self.link.open(self.ev, self._stack)
         self.link.stop_leftover(self.conditions.warn)
-        if self.link.t.builds_before_facts:  # its facts are its build's to tell (an app on a phone): build first
+        if (
+            self.link.connected.builds_before_facts
+        ):  # its facts are its build's to tell (an app on a phone): build first
             self.builds.open(self.conditions.warn)
             self.link.collect_facts()
             self.conditions.measure_first()
@@ -390,17 +429,17 @@ class DeviceSession:
 
     # ---------------------------------------------------------------- what cells, kinds and the lane ask
     @property
-    def t(self):
-        return self.link.t
+    def t(self) -> Transport:
+        return self.link.connected
 
     @property
     def facts(self) -> dict:
         return self.link.facts
 
     @property
-    def build(self):
+    def build(self) -> AnyBuild:
         """The device's default build."""
-        return self.builds.default
+        return self.builds.for_backend(None)
 
     @property
     def measures_on_host(self) -> bool:
@@ -410,13 +449,13 @@ class DeviceSession:
     def same_build_as_host(self) -> bool:
         return self.link.same_build_as_host
 
-    def build_for(self, backend: str | None):
+    def build_for(self, backend: str | None) -> AnyBuild:
         return self.builds.for_backend(backend)
 
     def tool(self, name: str, backend: str | None = None) -> str:
         return self.builds.tool(name, backend)
 
-    def push(self, path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
+    def push(self, path: Path, sha: str | None = None, mode: str | None = None, name: str | None = None) -> str:
         return self.link.push(path, sha, mode=mode, name=name)
 
     def warn(self, text: str, key: str | None = None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -145,7 +146,7 @@ def _cpu_clock(tr: SamplerTrace, beside: dict) -> tuple[list[Row], bool | None]:
 
 
 def _phase_energy(src: Energy | None, ph: Phase) -> list[Row]:
-    kw = dict(phase=ph.kind, test=ph.name if ph.kind != "cell" else "")
+    kw: dict[str, Any] = dict(phase=ph.kind, test=ph.name if ph.kind != "cell" else "")  # every row's
     if src is None:
         per_token = [missing("energy_per_token", NO_POWER, **kw)] if ph.tokens else []
         return [missing("energy", NO_POWER, **kw), *per_token]

@@ -22,7 +22,7 @@ import adbutils
 from adbutils import AdbClient, AdbError, AdbTimeout
 
 from ..errors import DevicelabError, RetryableError
-from .base import CommandResult, Transport, shell_command
+from .base import CommandResult, Platform, Transport, shell_command
 
 CLI_MIN_BYTES = 8 << 20  # larger pushes go through the `adb` client binary when it matches the server
 WORKDIR = "/data/local/tmp/devicelab"  # not shared storage: mmap from /sdcard is slow (FUSE)
@@ -30,6 +30,8 @@ _EXIT = "DEVICELAB_EXIT:"
 
 
 class ADBTransport(Transport):
+    platform = Platform.ANDROID
+
     def __init__(
         self,
         name: str,
@@ -48,19 +50,6 @@ class ADBTransport(Transport):
         self.dev: adbutils.AdbDevice | None = None
         self.v2 = False
         self._cli: str | None = None
-
-    def default_target(self, device, facts):
-        """The NDK build (arm64-v8a) where an NDK is set, else the static aarch64 Linux build, with a warning."""
-        from ..build import targets
-
-        feats = set((facts.get("cpu.features") or "").split())
-        ndk = targets.find_ndk()
-        if ndk:
-            return targets.android_ndk(ndk, feats), []
-        return targets.aarch64_cross_static(feats), [
-            "no Android NDK (set ANDROID_NDK_HOME): the phone gets a static aarch64 Linux build, which runs on "
-            "Android's kernel but misses NDK-only paths (bionic, Android's libc++ and its CPU feature detection)"
-        ]
 
     @classmethod
     def from_device(cls, d) -> "ADBTransport":
@@ -180,6 +169,7 @@ class ADBTransport(Transport):
     def put(self, local: Path, remote: str) -> None:
         cli = self.adb_cli() if os.path.getsize(local) >= CLI_MIN_BYTES else None
         if cli:  # `adb push` makes the parent folders itself
+            assert self.serial is not None, "connect() picks the phone"
             argv = [
                 cli,
                 "-H",

@@ -6,6 +6,7 @@ files; plus the few things a measurement lab needs (background processes, sha256
 
 from __future__ import annotations
 
+import enum
 import functools
 import posixpath
 import shlex
@@ -75,10 +76,23 @@ def shell_command(argv: Sequence[str], *, cwd: str | None = None, env: dict[str,
     return cmd
 
 
+class Platform(enum.Enum):
+    """What a transport reaches, as far as choosing its llama.cpp build goes: build/choose.py picks the build from
+    it. Transports say what a device is and build says what runs there, so build depends on transports and never
+    the other way (the lab file's device settings name build's Backend literal, nothing more)."""
+
+    THIS_HOST = enum.auto()  # this workstation itself
+    ANDROID = enum.auto()  # an Android phone
+    IOS = enum.auto()  # an iPhone or iPad: it runs only the devicelab app, built and signed on its Mac
+    UNIX = enum.auto()  # a Linux board or a Mac: which, and its CPU, its facts say
+
+
 class Transport(ABC):
     """A device the lab can run commands on and move files to and from."""
 
     name: str = "device"
+    # what it reaches, for the choice of its build (None: no build target is known for it)
+    platform: Platform | None = None
     # True where the device's payloads run on this host's own CPUs (the lab then measures alone on them)
     measures_on_host: bool = False
     # True where the device's facts come from its build (an app on a phone): a session makes the build first
@@ -86,15 +100,6 @@ class Transport(ABC):
     # False where the device has no POSIX shell for the kit's scripts: its transport does their work its own way
     # (an iPhone's app); `devicelab doctor` then checks no userland there
     shell: bool = True
-
-    def default_target(self, device, facts: dict):
-        """The llama.cpp build target for this device from its facts, and warnings for the user."""
-        raise DevicelabError(f"no build target for {self.name} ({facts.get('uname')})")
-
-    def make_build(self, src, target, jobs: int | None = None):
-        """The build of a target whose `where` is "transport": a device whose transport makes its own builds (an
-        iPhone's app, built and signed on its Mac). Its object has `manifest`, `key` and `tool(name)` like any build."""
-        raise DevicelabError(f"{self.name} cannot make its own builds (target {target.name})")
 
     def host_key(self):
         """(key, what to show the user) for a device reached over SSH; others have no host key."""

@@ -35,8 +35,9 @@ from .. import push
 from ..errors import DevicelabError, MemoryKilled, NotMeasurable, RetryableError
 from ..hashing import sha256_file
 from . import devicectl
-from .base import CommandResult, Commit, Transport
+from .base import CommandResult, Commit, Platform, Transport
 from .commands import Command, KitScript, PayloadRun, SampleOnce
+from .devicectl import AppleDevice
 
 WORKDIR = "Documents/devicelab"
 KIT = f"{WORKDIR}/kit/"  # device_payloads' scripts: never pushed to a phone (their work is the app's)
@@ -51,6 +52,7 @@ class IOSTransport(Transport):
     measures_on_host = False
     builds_before_facts = True  # `facts` is the app's: it is built and installed first
     shell = False  # no shell on the phone: the commands above are translated into the app's harness
+    platform = Platform.IOS
 
     def __init__(
         self,
@@ -64,7 +66,7 @@ class IOSTransport(Transport):
     ):
         self.name, self.mac, self.udid = name, mac, udid
         self.bundle_id, self.team_id, self.xcode, self.min_os = bundle_id, team_id, xcode, min_os
-        self._info: devicectl.AppleDevice | None = None
+        self._info: AppleDevice | None = None
         self._incoming = False  # the container's incoming folder made this connection
         self._seen_jetsam: set[str] | None = None
         self._stage: str | None = None
@@ -78,16 +80,6 @@ class IOSTransport(Transport):
         return cls(d.name, SSHTransport.from_device(d.mac_ssh), d.udid, d.bundle_id, d.team_id, d.xcode, d.min_os)
 
     # ---------------------------------------------------------------- what the lab asks of a device
-    def default_target(self, device, facts):
-        from ..build import ios
-
-        return ios.target(), []
-
-    def make_build(self, src, target, jobs: int | None = None):
-        from ..build import ios
-
-        return ios.ensure(self, src, target, jobs=jobs)
-
     def workdir(self) -> str:
         return WORKDIR
 
@@ -154,7 +146,7 @@ class IOSTransport(Transport):
             raise self._fail(r.stdout + r.stderr, "listing the paired devices")
         return r.stdout
 
-    def device_info(self, refresh: bool = False) -> devicectl.AppleDevice | None:
+    def device_info(self, refresh: bool = False) -> AppleDevice | None:
         if refresh or self._info is None:
             self._info = devicectl.find(devicectl.parse_devices(self.devices_json()), self.udid)
         return self._info

@@ -9,16 +9,12 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import paths
-from .base import CommandResult, Transport
+from .base import CommandResult, Platform, Transport
 
 
 class LocalTransport(Transport):
     measures_on_host = True
-
-    def default_target(self, device, facts):
-        from ..build import targets
-
-        return targets.local_native(), []
+    platform = Platform.THIS_HOST
 
     def __init__(self, name: str = "local", root: str | None = None):
         self.name = name

@@ -5,7 +5,7 @@ DeviceBase."""
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -31,7 +31,7 @@ class DeviceBase(BaseModel):
     # runs. Only a run across a cluster (`--cluster`) places it there; a single-host run drives every device here
     lab_host: str | None = Field(default=None, min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
 
-    def resolve(self, devices: dict[str, "DeviceBase"]) -> "DeviceBase":
+    def resolve(self, devices: dict[str, DeviceBase]) -> Self:
         """This entry once the whole lab file is read: a transport chained through another device's (an iPhone
         through its Mac) takes that device's settings here. The default: nothing to resolve."""
         return self
@@ -97,7 +97,7 @@ class IOSSettings(DeviceBase):
             raise ValueError(f"{v!r} is not a bundle id: a reverse-DNS name such as org.example.devicelab")
         return v
 
-    def resolve(self, devices: dict[str, DeviceBase]) -> DeviceBase:
+    def resolve(self, devices: dict[str, DeviceBase]) -> Self:
         mac = devices.get(self.mac)
         if mac is None and self.mac_ssh is not None and self.mac_ssh.name == self.mac:
             return self  # already resolved (an entry sent to a cluster node)

@@ -21,12 +21,12 @@ import time
 import weakref
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import paramiko
 
 from ..errors import DevicelabError, RetryableError
-from .base import CommandResult, Commit, Transport, put_script, quote_argv, shell_command
+from .base import CommandResult, Commit, Platform, Transport, put_script, quote_argv, shell_command
 
 CHUNK = 1 << 20
 OPENSSH_MIN_BYTES = 8 << 20  # larger pushes go through the system's OpenSSH client when it has one
@@ -63,7 +63,9 @@ class _FastTransport(paramiko.Transport):
     """GCM ciphers first: no separate HMAC pass, ~30% faster in paramiko (measured: bench/push_throughput.py)."""
 
     _preferred_ciphers = PREFERRED_CIPHERS + tuple(
-        c for c in paramiko.Transport._preferred_ciphers if c not in PREFERRED_CIPHERS
+        c
+        for c in paramiko.Transport._preferred_ciphers  # type: ignore[attr-defined]  # types-paramiko leaves out this class attribute paramiko has
+        if c not in PREFERRED_CIPHERS
     )
 
 
@@ -74,11 +76,20 @@ def _known_hosts_entry(host: str, port: int) -> str:
     return host if port == 22 else f"[{host}]:{port}"
 
 
+def _transport_of(c: paramiko.SSHClient) -> paramiko.Transport:
+    """A connected client's transport (None only before it connects)."""
+    tr = c.get_transport()
+    assert tr is not None, "a connected client has its transport"
+    return tr
+
+
 def fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(hashlib.sha256(key.asbytes()).digest()).decode().rstrip("=")
 
 
 class SSHTransport(Transport):
+    platform = Platform.UNIX
+
     def __init__(
         self,
         name: str,
@@ -93,7 +104,7 @@ class SSHTransport(Transport):
     ):
         self.name = name
         self.alias = host
-        cfg = {}
+        cfg: dict[str, Any] = {}
         cfg_path = Path(ssh_config or "~/.ssh/config").expanduser()
         if cfg_path.exists():
             cfg = paramiko.SSHConfig.from_path(str(cfg_path)).lookup(host)
@@ -111,29 +122,6 @@ class SSHTransport(Transport):
         self._jump: paramiko.SSHClient | None = None
         self._cpu: tuple[int, bool] | None = None
         self._mux: str | None = None  # folder of the OpenSSH control socket, once a big push made one
-
-    def default_target(self, device, facts):
-        """Boards: a static aarch64 cross-build here (or a native build on the board, cross_build: false);
-        an x86 host with every CPU feature of this one reuses this host's build; Macs build Metal natively."""
-        import platform
-
-        from ..build import cache as buildcache
-        from ..build import targets
-
-        feats = set((facts.get("cpu.features") or "").split())
-        arch, uname = facts.get("arch", ""), facts.get("uname", "")
-        darwin = "Darwin" in uname
-        if not device.cross_build:
-            return targets.native_on_device(arch or "aarch64", "darwin" if darwin else "linux"), []
-        if arch == platform.machine() and "Linux" in uname and set(buildcache.cpu_features()) <= feats:
-            return targets.local_native(), []  # same arch and every CPU feature of this host: its build runs there
-        if darwin:
-            return targets.macos_metal(), []
-        if arch in ("aarch64", "arm64"):
-            return targets.aarch64_cross_static(feats), []
-        raise DevicelabError(
-            f"no build target for {self.name} ({uname}); supported: x86-64 like this host, aarch64 Linux, macOS"
-        )
 
     def host_key(self):
         try:
@@ -177,9 +165,8 @@ class SSHTransport(Transport):
                 known_hosts=self.known_hosts,
                 ssh_config=self.ssh_config,
             )
-            jt.connect()
-            self._jump = jt.client
-            sock = self._jump.get_transport().open_channel("direct-tcpip", (self.host, self.port), ("127.0.0.1", 0))
+            self._jump = jt._connected()
+            sock = _transport_of(self._jump).open_channel("direct-tcpip", (self.host, self.port), ("127.0.0.1", 0))
         c = self._client()
         entry = _known_hosts_entry(self.host, self.port)
         try:
@@ -187,14 +174,14 @@ class SSHTransport(Transport):
                 self.host,
                 self.port,
                 username=self.user,
-                key_filename=self.key_files or None,
+                key_filename=self.key_files or None,  # type: ignore[arg-type]  # paramiko takes a list of files too (its docs: "the filename, or list of filenames"); types-paramiko says str
                 allow_agent=True,
                 look_for_keys=not self.key_files,
                 timeout=self.timeout,
                 banner_timeout=self.timeout,
                 auth_timeout=self.timeout,
                 sock=sock,
-                transport_factory=_FastTransport,
+                transport_factory=_FastTransport,  # type: ignore[arg-type]  # types-paramiko's transport factory still takes gss_kex and gss_deleg_creds, which paramiko 5 neither passes nor has
             )
         except paramiko.BadHostKeyException as e:
             raise DevicelabError(
@@ -221,9 +208,17 @@ class SSHTransport(Transport):
             raise RetryableError(f"ssh to {entry} ({self.name}) failed: {e}") from e
         except (OSError, EOFError, socket.timeout) as e:
             raise RetryableError(f"cannot reach {entry} ({self.name}): {e}; is the device on and sshd running?") from e
-        c.get_transport().set_keepalive(15)
-        c.get_transport().default_window_size = WINDOW
+        tr = _transport_of(c)
+        tr.set_keepalive(15)
+        tr.default_window_size = WINDOW
         self.client = c
+
+    def _connected(self) -> paramiko.SSHClient:
+        """The client, connected first where it is not."""
+        if self.client is None:
+            self.connect()
+        assert self.client is not None, "connect() sets the client"
+        return self.client
 
     def close(self) -> None:
         for c in (self.client, self._jump):
@@ -234,10 +229,8 @@ class SSHTransport(Transport):
             self._mux_finalizer()
             self._mux = None
 
-    def _session(self, timeout: float | None):
-        if self.client is None:
-            self.connect()
-        tr = self.client.get_transport()
+    def _session(self, timeout: float | None) -> paramiko.Channel:
+        tr = self._connected().get_transport()
         if tr is None or not tr.is_active():
             self.client = None
             raise RetryableError(f"lost the ssh connection to {self.name}")
@@ -255,16 +248,14 @@ class SSHTransport(Transport):
         """`ssh -L`: a listener on 127.0.0.1:<free port> here; each connection to it becomes a
         direct-tcpip channel to host:remote_port as the device sees it (its loopback by default, or an address
         only it reaches: a phone's tunnel address seen from its Mac), over the verified connection."""
-        if self.client is None:
-            self.connect()
-        tr = self.client.get_transport()
+        tr = _transport_of(self._connected())
         lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         lsock.bind(("127.0.0.1", 0))
         lsock.listen(64)
         stop = threading.Event()
 
-        def pump(a, b, done: list):
+        def pump(a: socket.socket | paramiko.Channel, b: socket.socket | paramiko.Channel, done: list) -> None:
             try:
                 while True:
                     data = a.recv(1 << 16)
@@ -284,7 +275,7 @@ class SSHTransport(Transport):
                         except (OSError, EOFError):
                             pass
 
-        def serve():
+        def serve() -> None:
             while not stop.is_set():
                 try:
                     conn, peer = lsock.accept()
@@ -344,7 +335,7 @@ class SSHTransport(Transport):
                         return CommandResult(
                             list(argv), 124, out.decode(errors="replace"), f"timed out after {timeout}s"
                         )
-                    if not self.client.get_transport().is_active():
+                    if not ch.get_transport().is_active():  # the client's, which _session opened it on
                         raise RetryableError(f"lost the ssh connection to {self.name} while running {argv[0]}")
                     select.select([ch], [], [], 0.2)
             rc = ch.recv_exit_status()

@@ -6,7 +6,7 @@ afterwards, always — and at the next contact when the device was lost while un
 from __future__ import annotations
 
 import re
-from typing import Callable
+from typing import Any, Callable
 
 from ...transports.base import Transport
 from .base import DeviceAccess, ProbeView, Snapshot, Source, kv_lines, present, snapshot_values
@@ -41,9 +41,10 @@ def battery(text: str) -> dict:
       mAh, 5.3 mAh as µAh). Plausible in neither: missing (…/emulator-avd-2021: 10000 at 100 % beside 5.0 V)."""
     kv = kv_lines(text)
     num = lambda k: float(kv[k]) if k in kv and re.fullmatch(r"-?\d+(\.\d+)?", kv[k]) else None
-    status = int(num("status")) if num("status") is not None else None
+    status_n, level_n, scale = num("status"), num("level"), num("scale")
+    status = int(status_n) if status_n is not None else None
     plugged = any(kv.get(k) == "true" for k in ("AC powered", "USB powered", "Wireless powered", "Dock powered"))
-    level = (num("level") / num("scale")) if num("level") is not None and num("scale") else None
+    level = (level_n / scale) if level_n is not None and scale else None
     volts, deci = num("voltage"), num("temperature")
     missing: dict[str, str] = {}
     if kv.get("present") == "false":
@@ -119,7 +120,7 @@ def thermalservice(text: str) -> dict:
     _CURRENT, _PERCENTAGE: volts, milliamps, percent) are listed but not counted (a Tensor Pixel lists a GPU
     current limit of 11900 among them), nor are values below absolute zero (a HAL's -FLT_MAX for 'no reading')."""
     m = re.search(r"Thermal Status:\s*(-?\d+)", text)
-    temps = [
+    temps: list[dict[str, Any]] = [
         {"name": t["n"], "type": int(t["t"]), "value": float(t["v"]), "status": int(t["s"])}
         for t in _TEMP.finditer(_hal_section(text))
     ]

@@ -17,7 +17,8 @@ def cpu_freq_hz(tr: SamplerTrace) -> pd.Series | None:
     if not cols:
         return None
     w = {c: max(1, len([x for x in folder_meta(tr, c).get("cpus", "").split(",") if x])) for c in cols}
-    total = sum(pd.to_numeric(tr.frame[c], errors="coerce") * 1e3 * w[c] for c in cols)  # kHz → Hz
+    parts = [pd.to_numeric(tr.frame[c], errors="coerce") * 1e3 * w[c] for c in cols]  # kHz → Hz
+    total = sum(parts[1:], parts[0])
     return total / sum(w.values())
 
 

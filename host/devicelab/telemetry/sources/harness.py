@@ -90,7 +90,7 @@ class Harness(Source):
 
     def pressure(self, s: dict | None) -> tuple[list[Row], bool]:
         worst = thermal_state_max(s)
-        if worst is None:
+        if worst is None or s is None:  # (no thermal state without its samples)
             return [], False
         seen = [THERMAL_STATES.index(x) for x in s["thermal_state"] if x in THERMAL_STATES]
         row = Row(
@@ -104,7 +104,7 @@ class Harness(Source):
 
     def cell_energy(self, s: dict | None, phases: list) -> tuple[list[Row], dict] | None:
         drop = battery_drop(s)
-        if drop is None:
+        if drop is None or s is None:  # (no drop without its samples)
             return None
         a, b, t0, t1 = drop
         states = sorted({x for x in s["battery_state"] if x})

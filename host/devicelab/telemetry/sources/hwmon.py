@@ -26,7 +26,10 @@ def power_rails(tr: SamplerTrace) -> list[tuple[str, str, np.ndarray]]:
     (label 'NC') are left out."""
     df = tr.frame
     label = lambda c: tr.meta.get(c, {}).get("label", "")
-    num = lambda c: pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+
+    def num(c: str) -> np.ndarray:
+        return pd.to_numeric(df[c], errors="coerce").to_numpy(dtype=float)
+
     out = [(label(c), c, num(c) / 1e6) for c in tr.columns(r".*hwmon\d+/power\d+_input")]
     for c in tr.columns(r".*hwmon\d+/curr\d+_input"):
         h, n = c.rsplit("/curr", 1)
@@ -43,7 +46,7 @@ def counter_energy(tr: SamplerTrace, prior: dict | None = None) -> Energy | None
     if not cols:
         return None
     df = tr.frame
-    total = sum(counter_j(df[c], None).to_numpy() for c in cols)
+    total = np.asarray(sum(counter_j(df[c], None).to_numpy() for c in cols))
     return Energy("energy", df["t_s"].to_numpy(dtype=float), total, {"source": "hwmon-energy", "inputs": cols})
 
 
@@ -54,7 +57,7 @@ def rail_power(tr: SamplerTrace, prior: dict | None = None) -> Energy | None:
         return None
     inputs = [r for r in rails if INPUT_RAIL.search(r[0])]
     use, how = (inputs, "board input rail") if inputs else (rails, "sum of rails")
-    p = sum(r[2] for r in use)
+    p = np.asarray(sum(r[2] for r in use))
     return Energy(
         "power",
         tr.frame["t_s"].to_numpy(dtype=float),

@@ -16,6 +16,7 @@ import datetime as dt
 import math
 import re
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -183,8 +184,8 @@ def _reason(nv: pd.DataFrame, key: str) -> str:
 
 def _frame(nv: list[dict]) -> pd.DataFrame:
     s = pd.DataFrame(nv)
-    defaults = {"why": lambda: [{} for _ in range(len(s))], "round": lambda: range(len(s)),
-                "gpu_id": lambda: s["gpu"].astype(str), "t": lambda: None}  # fmt: skip
+    defaults: dict[str, Callable[[], Any]] = {"why": lambda: [{} for _ in range(len(s))],
+                "round": lambda: range(len(s)), "gpu_id": lambda: s["gpu"].astype(str), "t": lambda: None}  # fmt: skip
     for col, make in defaults.items():
         if col not in s:
             s[col] = make()

@@ -122,7 +122,11 @@ def calibrate_current(
         return None
     ref = -dq * 1e-6 / dt_h  # A (charge) or W (energy), positive when the battery discharges
     window = raw.iloc[i0 : i1 + 1].astype(float)
-    mean_raw = float(window.mean() if kind == "charge" else (window * v_v.iloc[i0 : i1 + 1].astype(float)).mean())
+    if kind == "charge":
+        mean_raw = float(window.mean())
+    else:
+        assert v_v is not None, "an energy counter comes with its voltage (checked above)"
+        mean_raw = float((window * v_v.iloc[i0 : i1 + 1].astype(float)).mean())
     if mean_raw == 0 or math.isnan(mean_raw):
         return None
     best = min(((abs(abs(mean_raw) * f - abs(ref)) / abs(ref), u, f) for u, f in UNITS_TO_A))

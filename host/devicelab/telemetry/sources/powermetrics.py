@@ -137,7 +137,7 @@ def parse_text(text: str) -> list[dict]:
         if any(v is not None for v in parts.values()):
             energy, how = sum(v for v in parts.values() if v is not None) * dt, "energy"
         elif "combined" in watts or "package" in watts:
-            energy, how = watts.get("combined", watts.get("package")) * dt, "combined_power"
+            energy, how = (watts["combined"] if "combined" in watts else watts["package"]) * dt, "combined_power"
         else:
             energy, how = watts["intel"] * dt, "package_power"
         tp = _PRESSURE.search(body)

@@ -26,6 +26,11 @@ ZONE_COLS = r"sys/class/thermal/thermal_zone\d+/temp"
 NOT_A_TEMPERATURE = re.compile(r"(?:^|.*[-_])(?:ibat|vbat|vph|bcl)(?:[-_].*|$)|soc|socd|pmic-die", re.IGNORECASE)
 
 
+def _celsius(raw: pd.Series) -> pd.Series:
+    """A zone's column of millidegrees (or degrees) in °C; unreadable values NaN."""
+    return pd.to_numeric(raw, errors="coerce").map(temp_to_c)
+
+
 def is_temperature(zone_type: str) -> bool:
     """Whether a zone of this type reports a temperature (an unknown or empty type does)."""
     return not NOT_A_TEMPERATURE.fullmatch(zone_type.strip())
@@ -61,7 +66,7 @@ class ThermalZones(Source):
         zones = [c for c in tr.columns(ZONE_COLS) if is_temperature(folder_meta(tr, c).get("type", ""))]
         if not zones:
             return None
-        return tr.frame[zones].apply(lambda s: pd.to_numeric(s, errors="coerce").map(temp_to_c)).max(axis=1)
+        return tr.frame[zones].apply(_celsius).max(axis=1)
 
     def temperature_now(self, t: Transport, kit: str, root: str) -> float | None:
         r = t.execute(KitScript(kit, "thermal.sh", (root,)), timeout=30)
