@@ -38,12 +38,14 @@ def pytest_collection_modifyitems(session, config, items):
     """Order modules by the last build they need (modules stay whole, in their own order otherwise), then start the
     background process that makes those builds (tests/prebuild.py; DEVICELAB_TEST_PREBUILD=0 turns it off)."""
     stage: dict = {}
+    wanted: set[str] = set()
     for it in items:
-        last = max((BUILD_ORDER.index(b) + 1 for b in needed_builds(it)), default=0)
+        builds = needed_builds(it)
+        wanted |= builds
+        last = max((BUILD_ORDER.index(b) + 1 for b in builds), default=0)
         stage[it.module] = max(stage.get(it.module, 0), last)
     order = {id(it): i for i, it in enumerate(items)}
     items.sort(key=lambda it: (stage[it.module], order[id(it)]))
-    wanted = {b for it in items for b in needed_builds(it)}
     if wanted and os.environ.get("DEVICELAB_TEST_PREBUILD", "1") != "0" and not os.environ.get("PYTEST_XDIST_WORKER"):
         from devicelab import paths
 

@@ -13,6 +13,7 @@ A build that fails here is left to the test that needs it: that test makes it ag
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -23,6 +24,7 @@ AARCH64_FEATURES = {"fp", "asimd", "asimddp"}  # the suite's boards and phone pe
 OLDER_RELEASE = "pypi:llama-cpp-python==0.3.35"  # test_bisect's second source
 
 
+@functools.cache
 def _source():
     from devicelab.build import source
 
@@ -93,14 +95,15 @@ def pause_while_measuring(lock: Path, stop: threading.Event) -> None:
     me = psutil.Process()
     stopped: list = []
     while not stop.wait(0.1):
-        if measuring(lock) and not stopped:
+        now = measuring(lock)
+        if now and not stopped:
             stopped = me.children(recursive=True)
             for p in stopped:
                 try:
                     p.suspend()
                 except psutil.Error:
                     pass
-        elif stopped and not measuring(lock):
+        elif stopped and not now:
             for p in stopped:
                 try:
                     p.resume()
