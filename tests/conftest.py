@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(session, config, items):
                 [sys.executable, str(script), *[b for b in BUILD_ORDER if b in wanted]],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,
+                process_group=0,  # its own group, to stop it whole; the suite's session (and autogroup) still
             )
 
 

@@ -42,6 +42,18 @@ def test_bench_rows_real_and_repetitions_stored(lab):
     assert rows.device_facts.str.contains("mem_total_bytes").all()
 
 
+def test_the_device_runs_the_host_builds_binaries(lab, host_build):
+    """A build is one folder per (commit, target, flags, compiler) holding every tool asked of it: the local device's
+    build (llama-bench and llama-perplexity) is the host's (which quantized the ladder), not a second build."""
+    rows = frame(lab[0])
+    assert set(rows.build_key) == {host_build.key}
+    from devicelab.build import cache, source, targets
+
+    part = cache.find(source.resolve(None), targets.local_native(), tools=("llama-bench",))
+    assert part is not None and part.dir == host_build.dir
+    assert set(part.manifest["tools"]) >= {"llama-bench", "llama-perplexity", "llama-quantize", "llama-server"}
+
+
 def test_kld_orders_the_ladder(lab):
     rows = frame(lab[0])
     kld = rows[rows.metric == "kld_mean"].set_index("quant")["value"]

@@ -1,5 +1,6 @@
-"""Builds of llama.cpp cached by (source commit, target, flags, compiler, tools). An unchanged build is a
-no-op that does not even start cmake; every build leaves a manifest recording how it was made."""
+"""Builds of llama.cpp cached by (source commit, target, flags, compiler), each folder holding the tools asked of
+it. An unchanged build is a no-op that does not even start cmake; every build leaves a manifest recording how it
+was made."""
 
 from __future__ import annotations
 
@@ -104,15 +105,16 @@ def buildable(src: SourceTree, tools) -> tuple[str, ...]:
     return tuple(x for x in tools if x in defined) if defined else tuple(tools)
 
 
-def build_key(src: SourceTree, t: Target, tools=None) -> tuple[str, dict]:
-    tools = tools or t.tools
+def build_key(src: SourceTree, t: Target) -> tuple[str, dict]:
+    """What makes a build's binaries what they are: the tree, the target, its flags, the compiler (and this CPU for a
+    -march=native build). Not which tools it holds: one folder per key collects every tool asked of it, so a lab
+    run that needs two tools and one that needs nine share one build (and one llama-bench binary)."""
     ident = {
         "commit": src.commit,
         "dirty": src.dirty,
         "target": t.name,
         "flags": build_flags(src, t),
         "compiler": compiler_id(t),
-        "tools": sorted(tools),
     }
     if t.flags.get("GGML_NATIVE") == "ON" and t.where == "host":
         # -march=native: the binary depends on this CPU's features
@@ -126,12 +128,15 @@ def build_dir_for(t: Target, src: SourceTree, key: str) -> Path:
 
 
 def find(src: SourceTree, t: Target, tools=None) -> Build | None:
+    """The cached build holding `tools` (the target's own list when None), or None."""
     tools = tools or t.tools
-    key, _ = build_key(src, t, tools)
+    key, _ = build_key(src, t)
     d = build_dir_for(t, src, key)
     man = d / MANIFEST
     if man.exists() and all((d / "bin" / x).exists() for x in buildable(src, tools)):
-        return Build(d, json.loads(man.read_text()))
+        m = json.loads(man.read_text())
+        if all(x in m["tools"] for x in buildable(src, tools)):
+            return Build(d, m)
     return None
 
 
@@ -142,7 +147,8 @@ def ensure(
     jobs: int | None = None,
     progress: Callable[[float, str], None] | None = None,
 ) -> Build:
-    """Return the cached build, or configure + build it now. Two processes asking for the same build (two
+    """Return the cached build holding `tools`, or configure + build what it lacks now (a build folder asked for
+    more tools builds only those: its libraries are made already). Two processes asking for the same build (two
     `devicelab run`s, a test and a run) take turns on a lock file: the second finds the first's build."""
     import fcntl
 
@@ -150,7 +156,7 @@ def ensure(
     hit = find(src, t, tools)
     if hit:
         return hit
-    key, _ = build_key(src, t, tools)
+    key, _ = build_key(src, t)
     d = build_dir_for(t, src, key)
     d.parent.mkdir(parents=True, exist_ok=True)
     with open(d.parent / f".{d.name}.lock", "w") as lock:
@@ -160,9 +166,12 @@ def ensure(
 
 def _build(src: SourceTree, t: Target, tools, jobs, progress) -> Build:
     check_toolchain(t)
-    key, ident = build_key(src, t, tools)
-    tools = buildable(src, tools)
+    key, ident = build_key(src, t)
     d = build_dir_for(t, src, key)
+    man = d / MANIFEST
+    before = json.loads(man.read_text()) if man.exists() else {}
+    had = [x for x in before.get("tools", {}) if (d / "bin" / x).exists()]
+    tools = [x for x in buildable(src, tools) if x not in had]
     check_disk("a llama.cpp build")
     d.mkdir(parents=True, exist_ok=True)
     env, launcher = compile_env()
@@ -177,13 +186,17 @@ def _build(src: SourceTree, t: Target, tools, jobs, progress) -> Build:
             f"build finished but {', '.join(missing)} missing in {d / 'bin'}; see {log}",
             detail=tail(log.read_text(errors="replace")),
         )
+    made = sorted({*had, *tools})
     manifest = {
         **manifest_base(key, ident, src, configure, compile_, launcher, seconds),
         "cpu_features": cpu_features() if t.where == "host" and not t.runner else [],
         "runner": list(t.runner),
-        "tools": {x: hashlib.sha256((d / "bin" / x).read_bytes()).hexdigest() for x in tools},
+        "tools": {x: hashlib.sha256((d / "bin" / x).read_bytes()).hexdigest() for x in made},
+        "build_seconds_total": round(before.get("build_seconds_total", before.get("build_seconds", 0)) + seconds, 1),
     }
-    (d / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    tmp = d / f".{MANIFEST}.{os.getpid()}"
+    tmp.write_text(json.dumps(manifest, indent=1))
+    tmp.replace(d / MANIFEST)  # whole: a run reading it while a second run adds a tool sees one or the other
     return Build(d, manifest)
 
 

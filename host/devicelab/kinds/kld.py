@@ -258,7 +258,7 @@ def _logits(host, model_file, sha: str, spec: dict, out_name: str, what: str):
     with paths.result_lock(out):  # another process making the same logits: wait for them
         if out.exists() and meta.exists():
             return out
-        hb = host.host_build()
+        hb = host.host_build("llama-perplexity")
         host.ev.stage(f"{what} (host, once)")
         p = KLDParams(ctx=c.ctx, chunks=c.chunks, threads=max(1, os.cpu_count() or 2))
         log = out.with_suffix(".log")

@@ -119,16 +119,28 @@ def _cached(out: Path) -> QuantFile | None:
 class Ladder:
     """All quants of one model, under models/<name>/<source sha256[:12]>/."""
 
-    def __init__(self, model_name: str, source: Path, quantize_bin: Path, build_provenance: dict | None = None):
+    def __init__(
+        self,
+        model_name: str,
+        source: Path,
+        quantize_bin: Path | Callable[[], Path],
+        build_provenance: dict | None = None,
+    ):
+        """`quantize_bin`: llama-quantize, or what makes it when a file has to be made (a ladder whose files are
+        all made needs no build)."""
         self.model_name = model_name
         self.source = Path(source)
-        self.quantize = Path(quantize_bin)
+        self._quantize = quantize_bin
         self.build_provenance = build_provenance or {}
         self.source_sha = gguf_info.content_sha256(self.source)
         self.split = len(gguf_info.all_parts(self.source)) > 1
         self.dir = paths.sub("models") / model_name / self.source_sha[:12]
         self.dir.mkdir(parents=True, exist_ok=True)
         self._source_info: gguf_info.ModelInfo | None = None
+
+    @property
+    def quantize(self) -> Path:
+        return Path(self._quantize() if callable(self._quantize) else self._quantize)
 
     def source_info(self) -> gguf_info.ModelInfo:
         if self._source_info is None:

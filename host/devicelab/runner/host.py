@@ -6,6 +6,7 @@ host-side steps wait; every cell records what else the lab ran on the host durin
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -236,13 +237,11 @@ class HostWork:
                     "folder or an hf: repo of one), not on a GGUF file"
                 )
             folder, prov = store.resolve_adapter(lora)
+            # its tool first: a build is host work of its own, not inside this
+            export_lora = self.host_build("llama-export-lora").tool("llama-export-lora")
             with self.cpu.work(f"LoRA into {name}"):
                 self.ev.stage(f"merging the LoRA adapter {folder.name} into {name}")
-                merged = convert.merge_lora(
-                    ms.path,
-                    convert.lora_to_gguf(folder, ms.checkpoint, self.src),
-                    self.host_build().tool("llama-export-lora"),
-                )
+                merged = convert.merge_lora(ms.path, convert.lora_to_gguf(folder, ms.checkpoint, self.src), export_lora)
             return store.ModelSource(merged, {**ms.provenance, "lora": prov}, ms.checkpoint)
 
         return self.once(("model", name), make)
@@ -268,14 +267,23 @@ class HostWork:
 
         return self.once(("build", tgt.name, json.dumps(tgt.cmake_flags(), sort_keys=True), tgt.tools), make)
 
-    def host_build(self) -> buildcache.Build:
-        return self.build(targets.local_native())
+    def host_build(self, *tools: str) -> buildcache.Build:
+        """This host's build holding `tools` (its target's whole list when none is named): a run builds the host
+        tools it uses, and a later run adds what it needs to the same build."""
+        tgt = targets.local_native()
+        return self.build(dataclasses.replace(tgt, tools=tools) if tools else tgt)
 
     # ---- ladders ----
     def ladder(self, model: str) -> Ladder:
         def make():
-            hb = self.host_build()
-            return Ladder(model, self.model_path(model), hb.tool("llama-quantize"), {"quantized_with_build": hb.key})
+            # the host build is made when a file has to be quantized (a ladder already made needs none): its key
+            # names it before it exists
+            key, _ = buildcache.build_key(self.src, targets.local_native())
+
+            def quantize() -> Path:
+                return self.host_build("llama-quantize").tool("llama-quantize")
+
+            return Ladder(model, self.model_path(model), quantize, {"quantized_with_build": key})
 
         return self.once(("ladder", model), make)
 
@@ -289,9 +297,10 @@ class HostWork:
         def make():
             text = self.resolve_text(spec.text, "imatrix calibration text")
             self.base(model)
+            tool = self.host_build("llama-imatrix").tool("llama-imatrix")  # a build is host work of its own
             with self.cpu.work(f"imatrix {model}"):
                 self.ev.stage(f"importance matrix of {model} ({spec.chunks} chunks of {spec.ctx} from {text.name})")
-                return lad.imatrix(self.host_build().tool("llama-imatrix"), text, spec.chunks, spec.ctx)
+                return lad.imatrix(tool, text, spec.chunks, spec.ctx)
 
         return self.once(("imatrix", model), make)
 
@@ -302,6 +311,7 @@ class HostWork:
         def make():
             if lad.is_made(quant, im):
                 return lad.quant(quant, imatrix=im)
+            self.host_build("llama-quantize")  # a build is host work of its own, not inside this
             with self.cpu.work(f"quantize {model} {quant}"):
                 return lad.quant(quant, imatrix=im)
 
@@ -315,6 +325,7 @@ class HostWork:
             def make():
                 if lad.has_base():
                     return lad.base()
+                self.host_build("llama-quantize")
                 with self.cpu.work(f"F16 base of {model}"):
                     return lad.base()
 

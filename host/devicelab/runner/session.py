@@ -169,8 +169,7 @@ class Builds:
         tgt, warnings = target_for(link.connected, link.device, link.facts)
         for w in warnings:
             warn(w)
-        if self.tools_needed - set(tgt.tools):  # a kind needs a tool the target does not list
-            tgt = dataclasses.replace(tgt, tools=tuple(sorted(set(tgt.tools) | self.tools_needed)))
+        tgt = self._with_tools(tgt)
         self.target, self.default_backend = tgt, backendsmod.default_backend(tgt)
         self.default = self._make(tgt, stage=True)
 
@@ -216,10 +215,17 @@ class Builds:
             tgt = backendsmod.variant(self.target, backend)
         except backendsmod.NoBackend as e:
             raise SkipCell(f"{name} cannot have the {backend} backend: {e}") from None
-        # llama-bench and llama-perplexity always (one build serves bench-only and KLD recipes alike),
-        # with what else this recipe's kinds run
-        tgt = dataclasses.replace(tgt, tools=tuple(sorted({"llama-bench", "llama-perplexity"} | self.tools_needed)))
-        return self._make(tgt)
+        return self._make(self._with_tools(tgt))
+
+    def _with_tools(self, tgt: targets.Target) -> targets.Target:
+        """The target built with the tools this recipe's kinds run, and llama-bench and llama-perplexity always
+        (one build serves bench-only and KLD recipes alike). A build made here has only those: its folder adds
+        tools when a later recipe needs more (build/cache.py). A build made on the device or through its transport
+        keeps every tool its target lists (its key names them; one build serves every recipe)."""
+        need = {"llama-bench", "llama-perplexity"} | self.tools_needed
+        if tgt.where != "host":
+            need |= set(tgt.tools)
+        return dataclasses.replace(tgt, tools=tuple(sorted(need)))
 
     def _list_devices(self, backend: str, build: AnyBuild) -> list[tuple[str, str]]:
         """The devices a backend's build sees on this device (`--list-devices`, printed synchronously: unlike
