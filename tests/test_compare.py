@@ -456,3 +456,90 @@ def test_two_sides_of_one_run_are_not_held_to_the_run_to_run_noise():
     assert "both sides from one run" in cmpmod.summary(within)
     across = cmpmod.compare(run("q8_0", 100, "r1"), run("q4_0", 92, "r2"), *sides, noise=noise)
     assert not across.pairs[0].one_run and across.pairs[0].noise_floor and across.pairs[0].verdict == cmpmod.SAME
+
+
+def _rounds(quant, per_round, rng, run_id="run-1"):
+    """One side's rows in rounds: per_round[r] is the round's figure (one cell a round, its repetitions about it)."""
+    return pd.concat(
+        _rows("x", rng.normal(v, 0.005 * v, 3), quant=quant).assign(run_id=run_id, round=r + 1)
+        for r, v in enumerate(per_round)
+    )
+
+
+def test_sides_measured_in_the_same_rounds_are_paired_round_by_round():
+    """The machine's speed moves ±15 % from round to round (a phone heating, another process): a 5 % slowdown of B
+    is hidden in that scatter to a test over the pooled figures, and found by the paired test over each round's
+    B/A, whose 95 % interval holds the true ratio; an A/A comparison is not called a change."""
+    from scipy import stats
+
+    rng = np.random.default_rng(11)
+    machine = 100 * rng.lognormal(0, 0.15, 10)  # the round's speed, whatever is measured in it
+    sides = cmpmod.Side.parse("quant=a"), cmpmod.Side.parse("quant=b")
+    a = _rounds("a", machine * rng.lognormal(0, 0.01, 10), rng)
+    b = _rounds("b", 0.95 * machine * rng.lognormal(0, 0.01, 10), rng)
+    (pair,) = cmpmod.compare(a, b, *sides).pairs
+    assert pair.test == cmpmod.PAIRED and pair.rounds == 10
+    assert pair.ci[0] < 0.95 < pair.ci[1] and pair.ci[1] < 0.97 and pair.verdict == cmpmod.REGRESSION
+    per_round = np.log(b.groupby("round").value.mean().to_numpy() / a.groupby("round").value.mean().to_numpy())
+    assert pair.p == pytest.approx(stats.ttest_1samp(per_round, 0).pvalue, rel=1e-9)  # scipy's, on the log ratios
+    unpaired = cmpmod.compare(a.drop(columns="round"), b.drop(columns="round"), *sides).pairs[0]
+    assert unpaired.test == cmpmod.WELCH_REPS and unpaired.ci[0] < 1 < unpaired.ci[1]  # the scatter hides it
+    same = _rounds("b", machine * rng.lognormal(0, 0.01, 10), rng)
+    (aa,) = cmpmod.compare(a, same, *sides).pairs
+    assert aa.test == cmpmod.PAIRED and aa.ci[0] < 1 < aa.ci[1] and aa.verdict == cmpmod.SAME
+    assert "95 % interval" in cmpmod.view(cmpmod.compare(a, b, *sides))[0]
+    assert "paired t over the rounds" in cmpmod.summary(cmpmod.compare(a, b, *sides))
+
+
+def test_sides_that_share_no_rounds_fall_back_to_the_repetitions():
+    rng = np.random.default_rng(5)
+    a = _rounds("a", [100, 101, 99], rng)
+    b = _rounds("b", [100, 101, 99], rng).assign(round=lambda d: d["round"] + 10)  # other rounds: not side by side
+    (pair,) = cmpmod.compare(a, b, cmpmod.Side.parse("quant=a"), cmpmod.Side.parse("quant=b")).pairs
+    assert pair.test == cmpmod.WELCH_REPS and pair.rounds is None
+
+
+def test_a_precision_target_pairs_each_swept_axis_on_one_device_never_across_test_shapes():
+    """`rounds: auto`'s yardstick: every two values of an axis the rows sweep on one device (here quants, and two
+    llama.cpp commits) give one ratio per metric and test shape, with the paired interval's half-width; test shapes
+    (tg16 beside pp16) and devices are never compared with each other."""
+    from devicelab import precision
+
+    rng = np.random.default_rng(3)
+    machine = 100 * rng.lognormal(0, 0.05, 6)
+    parts = []
+    for commit, speed in (("c1", 1.0), ("c2", 0.9)):
+        for quant, q in (("q4_0", 1.0), ("q8_0", 0.8)):
+            for test in ("tg16", "pp16"):
+                noisy = speed * q * machine * rng.lognormal(0, 0.01, 6)
+                parts.append(_rounds(quant, noisy, rng).assign(test=test, build_commit=commit))
+    rows = pd.concat(parts, ignore_index=True)
+    assert set(precision.axes(rows)) >= {"quant", "build_commit"} and "test" not in precision.axes(rows)
+    found = precision.intervals(rows)
+    assert {(i.axis, *(w for w in i.key.split() if w.endswith("16"))) for i in found} == {
+        (axis, t) for axis in ("quant", "build_commit") for t in ("tg16", "pp16")
+    } and len(found) == 4 * 2  # each axis × each test shape, at each value of the other axis (2)
+    by = {(i.axis, i.a, i.b) for i in found}
+    assert by == {("quant", "q4_0", "q8_0"), ("build_commit", "c1", "c2")}
+    for i in found:
+        want = 0.8 if i.axis == "quant" else 0.9
+        assert i.half_width is not None and abs(i.ratio - want) < i.half_width + 0.01
+    assert precision.unmet(found, 0.5) == [] and len(precision.unmet(found, 1e-6)) == len(found)
+    no_rounds = precision.intervals(rows.drop(columns="round"))
+    assert no_rounds and all(i.half_width is None for i in no_rounds)  # unpaired: not a rounds interval
+
+
+def test_a_figure_in_rounds_is_the_mean_of_its_rounds_where_a_table_takes_the_best_row():
+    """The results table and the recommendation take the best row of a figure (over thread counts): over rounds of
+    one cell that would be its luckiest round. Pooled, each figure is one row, the mean of its rounds."""
+    from devicelab.tables import wide
+
+    rng = np.random.default_rng(2)
+    a = _rounds("q4_0", [100, 80, 90], rng).assign(model_bytes=1e8, bpw=4.5)
+    plain = _rows("x", [70.0, 70.0], quant="q8_0").assign(model_bytes=2e8, bpw=8.5)
+    pooled = cmpmod.over_rounds(pd.concat([a, plain], ignore_index=True))
+    assert len(pooled) == 2 and set(pooled.quant) == {"q4_0", "q8_0"}
+    mean = float(a.value.mean())
+    assert pooled.set_index("quant").value.to_dict() == pytest.approx({"q4_0": mean, "q8_0": 70.0})
+    t = wide(pd.concat([a, plain], ignore_index=True).assign(metric="decode_tps")).set_index("quant")
+    assert t.decode_tps["q4_0"] == pytest.approx(mean) and t.decode_tps["q4_0"] < a.value.max()

@@ -19,6 +19,7 @@ from ledger_rows import populate
 from devicelab import ledger_schema as ls
 from devicelab.ledger import Ledger, ledger_path
 from devicelab.ledger_migrate import CUT_ENV, backup_path
+from devicelab.ledger_query import INT_COLUMNS as INTS
 from devicelab.plan import Cell
 from devicelab.schema import ROW_COLUMNS, Row
 
@@ -61,9 +62,10 @@ def old_frame(path: Path, done_only: bool = True) -> pd.DataFrame:
     df["cpu_quota"] = pd.to_numeric(df["cpu_quota"], errors="coerce")
     df["throttled"] = df["throttled"].map({"1": True, "0": False, 1: True, 0: False, "True": True, "False": False})
     db.close()
-    # the columns rows gained after version 1 (schema.ROW_COLUMNS, e.g. host_busy_cpus): empty for its rows
+    # the columns rows gained after version 1 (schema.ROW_COLUMNS, e.g. host_busy_cpus, round): empty for its rows,
+    # typed as the query layer types its integer columns
     for c in NEWER_COLUMNS:
-        df.insert(list(ROW_COLUMNS).index(c) + 1, c, None)
+        df.insert(list(ROW_COLUMNS).index(c) + 1, c, pd.array([pd.NA] * len(df), dtype="Int64") if c in INTS else None)
     return df
 
 

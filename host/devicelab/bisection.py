@@ -6,7 +6,12 @@ until the first bad commit is next to the last good one. Each step is an ordinar
 source (its cells in the ledger, keyed by the commit), so an interrupted bisect resumes and a re-run reuses what
 is measured; builds go through the build cache and ccache (a git clone's revisions are checked out in one
 worktree, so unchanged files are not compiled again). A step's verdict is the `compare` test against the good
-end: bad when a pair of the metric is a significant regression."""
+end: bad when a pair of the metric is a significant regression.
+
+A recipe with `rounds:` measures each step's candidate interleaved with the good end: both sources in one run of
+that many rounds, in a seeded order each round (a study of its own, named after the recipe and the candidate), so
+the step's test is paired round by round and what moved the device during the step moved both sides alike.
+Without rounds the good end is measured once and every step is compared with it."""
 
 from __future__ import annotations
 
@@ -110,19 +115,19 @@ def verdict(good_rows, rows, good: Revision, cand: Revision, metric: str, alpha:
 
 def bisect(
     candidates: list[Revision],
-    measure: Callable[[Revision], object],
+    measure: Callable[[Revision], tuple[object, object]],
     metric: str,
     alpha: float = cmpmod.DEFAULT_ALPHA,
     min_effect: float = cmpmod.DEFAULT_MIN_EFFECT,
     on_step: Callable[[Step], None] = lambda s: None,
 ) -> tuple[Revision, list[Step]]:
     """Binary search over `candidates` (good first, bad last); `measure(candidate)` runs the recipe with its
-    source and returns that commit's rows. Returns the first bad candidate and every step taken."""
+    source and returns the good end's rows and that commit's (the good end measured once, or beside each
+    candidate). Returns the first bad candidate and every step taken."""
     good, bad = candidates[0], candidates[-1]
-    good_rows = measure(good)
     steps = [Step(good, "good", 1.0, None, "the good end")]
     on_step(steps[0])
-    last = verdict(good_rows, measure(bad), good, bad, metric, alpha, min_effect)
+    last = verdict(*measure(bad), good, bad, metric, alpha, min_effect)
     steps.append(last)
     on_step(last)
     if last.verdict != "bad":
@@ -133,7 +138,7 @@ def bisect(
     lo, hi = 0, len(candidates) - 1
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        st = verdict(good_rows, measure(candidates[mid]), good, candidates[mid], metric, alpha, min_effect)
+        st = verdict(*measure(candidates[mid]), good, candidates[mid], metric, alpha, min_effect)
         steps.append(st)
         on_step(st)
         if st.verdict == "bad":

@@ -258,6 +258,9 @@ class Figures:
 
     @classmethod
     def of(cls, rows: pd.DataFrame, spec: RecommendSpec) -> Figures:
+        from .compare import over_rounds
+
+        rows = over_rounds(rows)  # a figure measured in rounds: the mean of its rounds, not its luckiest
         rows = rows[[c for c in READ if c in rows.columns]]
         rows = rows.assign(**{c: None for c in READ if c not in rows.columns})
         rows = rows.assign(_backend=rows["backend"].fillna(""))

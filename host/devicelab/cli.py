@@ -30,6 +30,7 @@ from .console import (
     print_ladder,
     print_model_info,
     print_plan,
+    print_precision,
     print_probe,
     print_quantizing,
     print_recs,
@@ -243,6 +244,7 @@ def run(recipe, lab_file, lab_dir, src_spec, jobs, cluster, tls_dir):
         f"run {rep.run_id}: {rep.total} cells, {rep.skipped} already done, {rep.ran} ran, "
         f"{len(rep.failed)} failed ({rep.seconds:.1f} s)"
     )
+    print_precision(rep, ex.recipe.precision)
     rows = ex.ledger.rows_frame(recipe=ex.recipe.name, latest=True, columns=_view_columns())
     print_wide(rows)
     print_recs(rows, ex.recipe.recommend)
@@ -725,8 +727,9 @@ def bisect(recipe, metric, repo, good, bad, source_list, lab_file, lab_dir, alph
         raise DevicelabError("bisect: give --repo CLONE --good REV --bad REV, or --sources GOOD,…,BAD")
     d = _lab_dir(lab_dir)
 
-    def measure(c):
-        o = Orchestrator(recipe, lab_file, d, source_override=c.spec, jobs=jobs)
+    good = cands[0]
+
+    def run(c, o):
         if len(o.recipe.devices) != 1:
             raise DevicelabError(
                 f"bisect: {recipe} runs on {len(o.recipe.devices)} devices; give a recipe for the "
@@ -737,8 +740,26 @@ def bisect(recipe, metric, repo, good, bad, source_list, lab_file, lab_dir, alph
             rep = o.run(LocalPlacement())
         if rep.failed:
             raise DevicelabError(f"bisect: {len(rep.failed)} cell(s) failed at {c.commit[:12]}; see `devicelab cells`")
-        rows = Ledger(ledger_path(d)).rows_frame(recipe=o.recipe.name)
-        return rows[rows["build_commit"] == c.commit]
+        return Ledger(ledger_path(d)).rows_frame(recipe=o.recipe.name)
+
+    measured: dict[str, object] = {}  # commit -> its rows
+
+    def alone(c):  # a recipe without rounds: one source a run, the good end measured once
+        if c.commit not in measured:
+            rows = run(c, Orchestrator(recipe, lab_file, d, source_override=c.spec, jobs=jobs))
+            measured[c.commit] = rows[rows["build_commit"] == c.commit]
+        return measured[c.commit]
+
+    def measure(c):
+        o = Orchestrator(recipe, lab_file, d, jobs=jobs)
+        if o.recipe.rounds is None:
+            return alone(good), alone(c)
+        # in rounds: the candidate beside the good end in a run of their own, whose cells are its own (the good
+        # end measured again, in the same rounds as the candidate)
+        name = f"{o.recipe.name} ({c.commit[:12]} beside {good.commit[:12]})"
+        o.recipe = o.recipe.model_copy(update={"name": name, "sources": [good.spec, c.spec]})
+        rows = run(c, o)
+        return rows[rows["build_commit"] == good.commit], rows[rows["build_commit"] == c.commit]
 
     console.print(
         f"bisecting {len(cands)} llama.cpp commits on {metric} (≈ {max(1, (len(cands) - 2).bit_length())} "

@@ -117,6 +117,9 @@ class Pair:
     noise_floor: float | None = None  # one run a side: |B/A − 1| below this is within the ledger's run-to-run noise
     noise_runs: int | None = None  # the runs that floor was learnt from
     one_run: bool = False  # both sides from the same one run: what moves between runs moves both
+    test: str = ""  # which test judged it (TESTS)
+    ci: tuple[float, float] | None = None  # B/A's 95 % interval
+    rounds: int | None = None  # the rounds a paired test rested on
 
 
 @dataclass
@@ -194,6 +197,80 @@ def _run_means(rows: pd.DataFrame) -> Stat:
     means = [_stat(g).mean for _, g in rows.groupby("run_id", sort=True)]
     s = pd.Series(means)
     return Stat(float(s.mean()), float(s.std(ddof=1)), len(means), means, runs=len(means))
+
+
+PAIRED, WELCH_REPS, WELCH_RUNS = "paired", "welch-repetitions", "welch-runs"
+TESTS = {
+    PAIRED: "paired t over the rounds both sides share (log B/A per round)",
+    WELCH_REPS: "Welch's t over the repetitions",
+    WELCH_RUNS: "Welch's t over the runs' means",
+}
+
+
+def _by_round(rows: pd.DataFrame) -> pd.Series:
+    """One side's figure per round (the mean of its rows measured in that round); empty without rounds."""
+    if "round" not in rows.columns:
+        return pd.Series(dtype=float)
+    r = pd.to_numeric(rows["round"], errors="coerce")
+    v = pd.to_numeric(rows["value"], errors="coerce")
+    ok = r.notna() & v.notna()
+    return v[ok].groupby(r[ok].astype(int)).mean()
+
+
+def over_rounds(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows measured in rounds pooled: each figure (equal on its kind's key properties, commit and recipe) becomes
+    one row holding the mean over its rounds (its other columns from its first round), so a best-of over rows (the
+    results table, a recommendation) never picks a lucky round. Rows without a round are left as they are."""
+    if "round" not in rows.columns or rows.empty or rows["round"].isna().all():
+        return rows
+    inr, rest = rows[rows["round"].notna()], rows[rows["round"].isna()]
+    keys = [c for c in (*key_columns(inr, set()), "build_commit", "recipe") if c in inr.columns]
+    ident = inr[keys].astype("string").fillna("").agg("\x1f".join, axis=1)
+    value = pd.to_numeric(inr["value"], errors="coerce").groupby(ident, sort=False).transform("mean")
+    pooled = inr.assign(value=value)[~ident.duplicated()]
+    return pd.concat([rest, pooled]).sort_index() if not rest.empty else pooled
+
+
+def paired_rounds(ra: pd.DataFrame, rb: pd.DataFrame) -> tuple[pd.Series, pd.Series] | None:
+    """Both sides' figures in the rounds they share (two or more, every figure positive), else None: sides measured
+    in the same rounds sat side by side, so what moved the machine between rounds moved both."""
+    a, b = _by_round(ra), _by_round(rb)
+    shared = a.index.intersection(b.index)
+    if len(shared) < 2:
+        return None
+    a, b = a.loc[shared], b.loc[shared]
+    return (a, b) if (a > 0).all() and (b > 0).all() else None
+
+
+def paired_t(a: list[float], b: list[float]) -> tuple[float, float, tuple[float, float]]:
+    """(B/A, two-sided p, B/A's 95 % interval) from the per-round log ratios ln(b/a): Student's t over them, so
+    B/A is their geometric mean and the interval exp(mean ± t·sd/√n)."""
+    from scipy.special import stdtr, stdtrit
+
+    d = [math.log(y / x) for x, y in zip(a, b, strict=True)]
+    n, m = len(d), statistics.fmean(d)
+    sd = statistics.stdev(d)
+    if sd == 0:
+        return math.exp(m), (1.0 if m == 0 else 0.0), (math.exp(m), math.exp(m))
+    se = sd / math.sqrt(n)
+    half = float(stdtrit(n - 1, 0.975)) * se
+    return math.exp(m), float(2 * stdtr(n - 1, -abs(m / se))), (math.exp(m - half), math.exp(m + half))
+
+
+def ratio_interval(a: Stat, b: Stat) -> tuple[float, float] | None:
+    """B/A's 95 % interval for two independent sides (the delta method on log B/A, Welch–Satterthwaite degrees of
+    freedom); None where a side has no spread or no positive mean."""
+    from scipy.special import stdtrit
+
+    if a.sd is None or b.sd is None or a.n < 2 or b.n < 2 or a.mean <= 0 or b.mean <= 0:
+        return None
+    va, vb = (a.sd / a.mean) ** 2 / a.n, (b.sd / b.mean) ** 2 / b.n
+    if va + vb == 0:
+        return None
+    df = (va + vb) ** 2 / (va * va / (a.n - 1) + vb * vb / (b.n - 1))
+    half = float(stdtrit(df, 0.975)) * math.sqrt(va + vb)
+    r = math.log(b.mean / a.mean)
+    return math.exp(r - half), math.exp(r + half)
 
 
 def _welch(a: Stat, b: Stat) -> float | None:
@@ -376,16 +453,27 @@ def compare(
     for k in sorted(set(ga) & set(gb)):
         (key, ra), (_, rb) = ga[k], gb[k]
         runs = [int(r["run_id"].nunique()) if "run_id" in r.columns else 1 for r in (ra, rb)]
-        # two runs or more a side: the runs are the samples (between-run noise in the test); else the repetitions
-        sa, sb = (_run_means(ra), _run_means(rb)) if min(runs) >= 2 else (_stat(ra), _stat(rb))
-        sa.runs, sb.runs = runs
-        ratio = sb.mean / sa.mean if sa.mean and not math.isnan(sa.mean) else None
         unit = str(ra["unit"].iloc[0]) if "unit" in ra.columns else ""
-        pair = Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb))
+        rounds = paired_rounds(ra, rb)
+        if rounds is not None:  # measured side by side, round by round: the rounds are the samples, paired
+            xa, xb = (list(map(float, x)) for x in rounds)
+            sa, sb = (Stat(statistics.fmean(x), statistics.stdev(x), len(x), x) for x in (xa, xb))
+            sa.runs, sb.runs = runs
+            gm, pv, ci = paired_t(xa, xb)
+            pair = Pair(key, key["metric"], unit, sa, sb, gm, pv, test=PAIRED, ci=ci, rounds=len(xa))
+        else:
+            # two runs or more a side: the runs are the samples (between-run noise in the test); else the repetitions
+            sa, sb = (_run_means(ra), _run_means(rb)) if min(runs) >= 2 else (_stat(ra), _stat(rb))
+            sa.runs, sb.runs = runs
+            ratio = sb.mean / sa.mean if sa.mean and not math.isnan(sa.mean) else None
+            pair = Pair(key, key["metric"], unit, sa, sb, ratio, _welch(sa, sb))
+            pair.test = WELCH_RUNS if min(runs) >= 2 else WELCH_REPS
+            pair.ci = ratio_interval(sa, sb) if pair.p is not None else None
         pair.host_busy = (_busy(ra), _busy(rb))
         pair.one_run = runs == [1, 1] and "run_id" in ra.columns and set(ra["run_id"]) == set(rb["run_id"])
+        paired = pair.test == PAIRED
         floor = _floor(noise, ra, rb, pair.metric) if min(runs) < 2 and noise and not pair.one_run else None
-        if floor:
+        if floor and not paired:
             pair.noise_floor, pair.noise_runs = floor
         pairs.append(pair)
     tested = [(p, p.p) for p in pairs if p.p is not None]
@@ -424,7 +512,7 @@ def view(cmp: Comparison) -> tuple[list[str], list[list[str]], dict[str, str]]:
         for c in cmp.key_columns
         if c not in varying and c != "metric" and cmp.pairs and val(cmp.pairs[0], c) not in ("", "<NA>")
     }
-    headers = [*varying, "metric", "unit", "A", "B", "B/A", "p (Holm)", "n A/B", "verdict"]
+    headers = [*varying, "metric", "unit", "A", "B", "B/A", "95 % interval", "p (Holm)", "n A/B", "verdict"]
     rows = []
     for p in cmp.pairs:
         sd = lambda s: f" ± {_fmt(s.sd)}" if s.sd is not None else ""
@@ -436,8 +524,9 @@ def view(cmp: Comparison) -> tuple[list[str], list[list[str]], dict[str, str]]:
                 _fmt(p.a.mean) + sd(p.a),
                 _fmt(p.b.mean) + sd(p.b),
                 f"{p.ratio:.3f}" if p.ratio is not None else "—",
+                f"{p.ci[0]:.3f}–{p.ci[1]:.3f}" if p.ci else "—",
                 f"{p.p_adj:.3g}" if p.p_adj is not None else "—",
-                f"{p.a.n}/{p.b.n}",
+                f"{p.a.n}/{p.b.n}" + (" rounds" if p.test == PAIRED else ""),
                 MARKS[p.verdict] + (_busy_note(p) if p.verdict == HOST_BUSY else ""),
             ]
         )
@@ -466,7 +555,13 @@ def summary(cmp: Comparison) -> str:
         parts.append(f"{len(cmp.only_a)} only in A, {len(cmp.only_b)} only in B")
     tested = [p for p in cmp.pairs if p.p is not None]
     floors = {p.metric: (p.noise_floor, p.noise_runs) for p in tested if p.noise_floor is not None}
-    if floors:
+    if tested and all(p.test == PAIRED for p in tested):
+        n = sorted({p.rounds for p in tested if p.rounds})
+        parts.append(
+            f"measured side by side in {'–'.join(map(str, [n[0], n[-1]][: 1 if n[0] == n[-1] else 2]))} rounds: "
+            "each round's B/A is one sample, so what moved the machine between rounds moved both sides"
+        )
+    elif floors:
         parts.append(
             "one run a side: a difference within the run-to-run noise the ledger holds for these devices is not "
             "a change ("
@@ -480,10 +575,11 @@ def summary(cmp: Comparison) -> str:
             "one run a side: the test knows the noise within a run, not between runs, which on a shared machine can "
             "be larger (measure a build twice and the ledger learns it; or raise --min-effect above it)"
         )
+    used = [TESTS[t] for t in TESTS if any(p.test == t for p in tested)] or [TESTS[WELCH_REPS]]
     return (
         f"A = {cmp.a}, B = {cmp.b}: "
         + ", ".join(parts)
-        + f" (Welch's t over the repetitions, Holm-adjusted p < {cmp.alpha:g} and |B/A − 1| ≥ {cmp.min_effect:g})"
+        + f" ({'; '.join(used)}; Holm-adjusted p < {cmp.alpha:g} and |B/A − 1| ≥ {cmp.min_effect:g})"
     )
 
 
@@ -523,6 +619,10 @@ def frame(cmp: Comparison) -> pd.DataFrame:
             "b_sd": p.b.sd,
             "b_n": p.b.n,
             "ratio": p.ratio,
+            "ratio_ci_low": p.ci[0] if p.ci else None,
+            "ratio_ci_high": p.ci[1] if p.ci else None,
+            "test": p.test,
+            "rounds": p.rounds,
             "p": p.p,
             "p_holm": p.p_adj,
             "noise_floor": p.noise_floor,

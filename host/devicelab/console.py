@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .plan import Cell
     from .preview import Preview
     from .recipes import RecommendSpec
+    from .runner.placement import RunReport
     from .serve import LiveStatus
     from .tables import RecommendationView
 
@@ -362,6 +363,21 @@ def print_bisect_step(st: Step, metric: str) -> None:
         f"[{'red' if st.verdict == 'bad' else 'green'}]{st.verdict}[/]"
         + (f" [yellow]({escape(st.note)})[/]" if st.note and st.ratio is not None else "")
     )
+
+
+def print_precision(rep: RunReport, target: float | None) -> None:
+    """`rounds: auto`: the rounds taken and each compared ratio with its interval; those wider than the target."""
+    if rep.rounds is None:
+        return
+    met = len(rep.intervals) - len(rep.unmet)
+    why = f", stopped by {rep.stopped}" if rep.stopped else ""
+    console.print(
+        f"{rep.rounds} rounds: {met} of {len(rep.intervals)} compared ratios within ±{target:g} (95 % interval){why}",
+        markup=False,
+    )
+    wide = {id(i) for i in rep.unmet}
+    for i in rep.intervals:
+        console.print(f"  {'[yellow]wider than the target:[/] ' if id(i) in wide else ''}{escape(i.label())}")
 
 
 # ---------------------------------------------------------------- plan / devices / doctor

@@ -89,6 +89,10 @@ class TelemetrySpec(_Strict):
     cooldown_timeout_s: float = Field(default=120.0, ge=0)
 
 
+AUTO_MIN_ROUNDS = 3  # a paired interval over fewer rounds is too wide to judge (Student's t with 1 df: 12.7)
+DEFAULT_PRECISION, DEFAULT_MAX_ROUNDS = 0.02, 30
+
+
 class Recipe(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9._-]+$")
     source: str = DEFAULT_SOURCE
@@ -104,6 +108,34 @@ class Recipe(_Strict):
     # llama.cpp as a swept axis: several sources (pypi:llama-cpp-python==X, a checkout, git:PATH@REV), each its
     # own build and its own cells (cell ids carry the commit); run one after the other on every device
     sources: list[str] | None = Field(default=None, min_length=1)
+    # every cell measured `rounds` times, round after round; within a round each device's cells (and the sources of
+    # a sweep) in a random order drawn from `round_seed` (default: from the recipe's name), so a load spike or a
+    # hotter chip lands on every side alike and `compare` can pair the sides round by round
+    # `rounds: auto`: rounds until every ratio a user compares on one device (two quants, commits, backends, thread
+    # counts… everything else equal; precision.py) has a 95 % interval no wider than ±`precision`, from
+    # AUTO_MIN_ROUNDS up to `max_rounds` rounds or `max_minutes` minutes, whichever comes first
+    rounds: Annotated[int, Field(ge=1, le=1000)] | Literal["auto"] | None = None
+    round_seed: int | None = None
+    precision: float | None = Field(default=None, gt=0, lt=1)
+    max_rounds: int | None = Field(default=None, ge=AUTO_MIN_ROUNDS, le=1000)
+    max_minutes: float | None = Field(default=None, gt=0)
+
+    @field_validator("rounds", mode="before")
+    @classmethod
+    def _rounds(cls, v):
+        if v is not None and v != "auto" and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1000):
+            raise ValueError(f"{v!r}: give a number of rounds from 1 to 1000, or auto")
+        return v
+
+    @model_validator(mode="after")
+    def _auto_rounds(self):
+        given = [k for k in ("precision", "max_rounds", "max_minutes") if getattr(self, k) is not None]
+        if given and self.rounds != "auto":
+            raise ValueError(f"{given[0]}: goes with rounds: auto (the lab adds rounds until the intervals meet it)")
+        if self.rounds == "auto":
+            self.precision = self.precision or DEFAULT_PRECISION
+            self.max_rounds = self.max_rounds or DEFAULT_MAX_ROUNDS
+        return self
 
     @model_validator(mode="after")
     def _one_source_key(self):

@@ -161,6 +161,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("energy_calibration", "json", CELL, fact=True),
     Column("host_activity", "json", CELL, fact=True),
     Column("host_busy_cpus", "real", CELL, "CPU"),
+    # a recipe with `rounds:` measures each cell once a round, its device's cells in a seeded random order each round
+    Column("round", "int", CELL, match=True),
+    Column("round_position", "int", CELL),  # the cell's place in its device's round (1 = first)
+    Column("round_seed", "int", CELL),
     Column("recorded_at", "text", CELL),
 )
 COLUMN: dict[str, Column] = {c.name: c for c in COLUMNS}

@@ -66,7 +66,9 @@ def load(path: Path, recipe: str | None = None) -> pd.DataFrame:
 
 
 def wide(rows: pd.DataFrame) -> pd.DataFrame:
-    rows = rows[rows["model_bytes"].notna()]
+    from .compare import over_rounds
+
+    rows = over_rounds(rows[rows["model_bytes"].notna()])  # a figure in rounds: the mean of its rounds
     if rows.empty:
         return pd.DataFrame()
     keys = ["device", "model", "quant"]

@@ -92,7 +92,9 @@ class ClusterPlacement:
             f"{time.strftime('%H:%M:%S', time.localtime(h.get('since', 0)))}"
         )
 
-    def run(self, lanes, run_id: str, rep) -> None:
+    def run(self, lanes, run_id: str, rep, prepare: bool = False) -> None:
+        if prepare:  # its lanes run once (no sweep, no rounds): each makes its builds as it opens
+            return
         from ray.util.queue import Queue
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 

@@ -115,6 +115,9 @@ class Kind(Generic[C]):
         "phase",
         "metric",
     )
+    # those of them that say what was measured (a test's shape, its phase, the metric), not a choice a user compares
+    # on one device: a precision target (precision.py) pairs rows on them, never across them
+    shape_properties: ClassVar[tuple[str, ...]] = ("test", "phase", "metric")
 
     def typed(self, params: dict) -> C:
         """A cell's stored parameters as this kind's typed CellParams."""

@@ -91,6 +91,7 @@ def parse_batched(stdout: str) -> list[Row]:
 class Batched(Kind[BatchedCell]):
     name = "batched"
     key_properties = (*Kind.key_properties, "threads", "n_prompt", "n_gen", "n_parallel")
+    shape_properties = (*Kind.shape_properties, "n_prompt", "n_gen")
     spec = BatchedSpec
     cell = BatchedCell
 

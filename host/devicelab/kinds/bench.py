@@ -274,6 +274,7 @@ class Bench(Kind[BenchCell]):
         "cpu_quota",
         "contention",
     )
+    shape_properties = (*Kind.shape_properties, "n_prompt", "n_gen", "n_depth")
     spec = BenchSpec
 
     def tools(self, params):

@@ -230,6 +230,7 @@ def host_eval(host, model: str, quant: str, P: dict) -> dict:
 class Eval(Kind[EvalCell]):
     name = "eval"
     key_properties = (*Kind.key_properties, "eval_route", "ctx")
+    shape_properties = (*Kind.shape_properties, "eval_route", "ctx")
     spec = EvalSpec
     cell = EvalCell
 

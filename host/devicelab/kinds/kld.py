@@ -295,6 +295,7 @@ def host_quant_logits(host, model: str, quant: str, spec: dict):
 class KLD(Kind[KLDCell]):
     name = "kld"
     key_properties = (*Kind.key_properties, "ctx")
+    shape_properties = (*Kind.shape_properties, "ctx")
     spec = KLDSpec
     cell = KLDCell
 

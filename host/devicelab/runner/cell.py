@@ -122,6 +122,9 @@ def base_context(s: DeviceSession, cell, run_id: str) -> dict:
         "ram_budget_source": c.budget.line(),
         "battery_wh": c.battery_wh,
         "battery_source": c.battery_source,
+        "round": cell.round,
+        "round_position": cell.position,
+        "round_seed": cell.seed,
         **c.provenance,
         **kinds.get(cell.payload).provenance(cell.params),
     }

@@ -164,9 +164,13 @@ class Lane:
         events: Events,
         telemetry: TelemetrySpec,
         stop: threading.Event,
+        prepare: bool = False,
     ):
         self.device, self.cells, self.run_id, self.ledger, self.host = device, cells, run_id, ledger, host
         self.ev, self.telemetry, self.stop = events, telemetry, stop
+        # only make ready what its cells will run with (connect, kit, facts, the build of each backend they ask
+        # for), running none: a recipe in rounds has every build made before round 1
+        self.prepare = prepare
         self.ran = 0
         self.failed: list[str] = []
         self.session: DeviceSession | None = None
@@ -187,13 +191,15 @@ class Lane:
 
         name = self.device.name
         tools = {t for c in self.cells for t in kinds.get(c.payload).tools(c.params)}
-        todo = list(self.cells)
+        todo = [] if self.prepare else list(self.cells)
         try:
             with (
                 device_lock(name, self.run_id, self.ev, self.stop),
                 DeviceSession(self.device, self.ledger, self.host, self.ev, self.telemetry, tools) as s,
             ):
                 self.session = s
+                if self.prepare:
+                    self._make_ready(s)
                 while todo:
                     c = todo.pop(0)
                     if self.stop.is_set():
@@ -215,12 +221,25 @@ class Lane:
         finally:
             # nothing of this lane is left running, whatever happened
             try:
-                for c in self.cells:
+                # (making ready runs no cell: one a killed run left "running" is taken up by a later lane)
+                for c in [] if self.prepare else self.cells:
                     if self.ledger.status(c.cell_id) == "running":
                         self._fail([c], f"{name}: the lane ended while this cell ran", retryable=True)
                 self.ev.lane(name, "finished" if not self.failed else f"{len(self.failed)} cell(s) failed")
             finally:
                 self.finished.set()
+
+    def _make_ready(self, s: DeviceSession) -> None:
+        """The build of every backend its cells ask for (one a device cannot have is its cells' skip, later)."""
+        from ..kinds.base import SkipCell
+
+        for backend in sorted({c.params.get("backend") or "" for c in self.cells}):
+            if self.stop.is_set():
+                return
+            try:
+                s.builds.for_backend(backend or None)
+            except SkipCell:
+                pass
 
     def _one(self, s: DeviceSession, c: Cell) -> str | None:
         """Run one cell; what happened when the device went away during it (its remaining cells cannot run)."""

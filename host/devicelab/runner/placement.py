@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..lab import Device
     from ..ledger import Ledger
     from ..plan import Cell
+    from ..precision import Interval
     from ..recipes import TelemetrySpec
     from .host import HostWork
 
@@ -30,6 +31,12 @@ class RunReport:
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
     status: str = "done"
+    # `rounds: auto`: the rounds taken, every compared ratio's interval, those wider than the target, and what
+    # stopped the rounds before they all met it (max_rounds, max_minutes), if anything did
+    rounds: int | None = None
+    intervals: list[Interval] = field(default_factory=list)
+    unmet: list[Interval] = field(default_factory=list)
+    stopped: str = ""
 
 
 @dataclass
@@ -47,14 +54,15 @@ class RunSetup:
 
 
 class Placement(Protocol):
-    sweeps_sources: bool  # may run a sweep of llama.cpp sources (open and run once per source)
+    sweeps_sources: bool  # may open and run again and again: a sweep of llama.cpp sources, a recipe in rounds
 
     def open(self, setup: RunSetup) -> None:
         """Connect and check before the run starts (a DevicelabError refuses the run in one line)."""
 
-    def run(self, lanes: list[tuple[Device, list[Cell]]], run_id: str, rep: RunReport) -> None:
+    def run(self, lanes: list[tuple[Device, list[Cell]]], run_id: str, rep: RunReport, prepare: bool = False) -> None:
         """Run every lane to its end; `rep` gets what ran and what failed, however it ends. KeyboardInterrupt
-        stops every lane, puts every device back and is raised again."""
+        stops every lane, puts every device back and is raised again. `prepare`: each lane only makes ready what
+        its cells run with (builds included) and runs none (a placement that runs its lanes once may do nothing)."""
 
 
 class LocalPlacement:
@@ -69,12 +77,12 @@ class LocalPlacement:
     def open(self, setup: RunSetup) -> None:
         self.setup = setup
 
-    def run(self, lanes: list[tuple[Device, list[Cell]]], run_id: str, rep: RunReport) -> None:
+    def run(self, lanes: list[tuple[Device, list[Cell]]], run_id: str, rep: RunReport, prepare: bool = False) -> None:
         su = self.setup
         assert su is not None, "open() comes first"
         stop = threading.Event()
         running = self.lanes = [
-            Lane(d, cells, run_id, su.ledger, su.host, su.events, su.telemetry, stop) for d, cells in lanes
+            Lane(d, cells, run_id, su.ledger, su.host, su.events, su.telemetry, stop, prepare) for d, cells in lanes
         ]
         try:
             for lane in self.lanes:
