@@ -18,14 +18,14 @@ FIXTURES = Path(__file__).parent / "fixtures"
 # ------------------------------------------------------------- the suite's builds, made once, beside the tests
 # Builds in the order tests/prebuild.py makes them; a module runs after every module whose builds come earlier,
 # so the tests that need no build run first while the background process makes the host build, and so on.
-BUILD_ORDER = ("host", "aarch64", "harness", "opencl", "vulkan", "release")
+BUILD_ORDER = ("host", "aarch64", "harness", "opencl", "vulkan")
 BY_FIXTURE = {"host_build": "host", "arm_build": "aarch64", "harness_build": "harness"}
 _prebuild: dict = {}
 
 
 def needed_builds(item) -> set[str]:
     """The builds a test uses: by its fixtures, its e2e mark (a lab run on this host builds the host's), and the
-    `builds(...)` mark of a module whose lab runs build others (a board's, a backend's, an older release's)."""
+    `builds(...)` mark of a module whose lab runs build others (a board's, a backend's)."""
     got = {b for f, b in BY_FIXTURE.items() if f in item.fixturenames}
     if item.get_closest_marker("e2e"):
         got.add("host")

