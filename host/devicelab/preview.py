@@ -22,6 +22,7 @@ from . import paths, recipes
 from .candidate import FLOAT_QUANTS
 from .ledger import LEDGER_FILE
 from .plan import Cell, expand
+from .recipes import AUTO_MIN_ROUNDS
 
 UNKNOWN = "?"
 
@@ -170,6 +171,14 @@ def preview(recipe_path: Path, lab_path: Path | None, lab_dir: Path, source_over
         if line:
             pv.work.append(line)
     pv.work += _host_build(spec, commit) + _quants(r, shas)
+    if r.rounds == "auto":
+        pv.work.append(
+            f"rounds: {AUTO_MIN_ROUNDS} to {r.max_rounds}"
+            + (f" (or {r.max_minutes:g} minutes)" if r.max_minutes else "")
+            + f", until every compared ratio is within ±{r.precision:g}: below, the first {AUTO_MIN_ROUNDS}"
+        )
+    elif r.rounds is not None:
+        pv.work.append(f"{r.rounds} rounds: every cell once a round, in a seeded random order each round")
     exact = commit is not None and all(shas.values())
     pv.matched_by = "id" if exact else "what the cell is (the llama.cpp commit or a model file is not here yet)"
     cells = expand(r, commit or UNKNOWN, {k: v or UNKNOWN for k, v in shas.items()})
