@@ -171,7 +171,22 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     sampler = threading.Thread(target=sample_holders, args=("here", stop_sampling, here_holders), daemon=True)
     sampler.start()
     wait_for(lambda: running(db, "board2") or a.poll() is not None, 600, "board2's first cell")
-    b = start_run(net, recipe(tmp_path / "b.yaml", "second", ["board2"], ["q8_0"]), lab, lab_dir, tmp_path / "b.log")
+    # run a holds board2 until run b has found it held: board2's processes are stopped (SIGSTOP) meanwhile, so a
+    # busy machine cannot let run a finish board2's cells before b asks for the board
+    board2 = f"{w2.board.d}/device-workdir"
+    stop = lambda: subprocess.run(["pkill", "-STOP", "-f", board2]).returncode == 0
+    wait_for(lambda: stop() or a.poll() is not None, 600, "a process of run a on board2")
+    try:
+        b = start_run(
+            net, recipe(tmp_path / "b.yaml", "second", ["board2"], ["q8_0"]), lab, lab_dir, tmp_path / "b.log"
+        )
+        wait_for(
+            lambda: "board2 is held by run" in (tmp_path / "b.log").read_text() or b.poll() is not None,
+            600,
+            "run b to find board2 held by run a",
+        )
+    finally:
+        subprocess.run(["pkill", "-CONT", "-f", board2])
     wait_for(lambda: running(db, "board1") or a.poll() is not None, 600, "board1's first cell")
     w1.kill_node()
     assert a.wait(600) == 1, (tmp_path / "a.log").read_text()[-4000:]
