@@ -18,13 +18,8 @@ from .schema import METRIC_DEFS
 
 # a row's llama.cpp commit: what `sources:` sweeps (not a kind's key property: compare takes it as a side)
 COMMIT = "build_commit"
-NOT_COMPARED = ("device", "model")
-SHOWN = (
-    "model",
-    "test",
-    "backend",
-    "threads",
-)  # what names a pair's other properties in a line  # a precision target is about one device's choices for one model
+NOT_COMPARED = ("device", "model")  # a precision target is about one device's choices for one model
+SHOWN = ("model", "test", "backend", "threads")  # what names a pair's other properties in a line
 
 
 @dataclass

@@ -44,6 +44,7 @@ class Orchestrator:
         self.host: HostWork | None = None
         self._hosts: dict[str, HostWork] = {}  # source spec -> its host work
         self._cell_ids: set[str] = set()  # the recipe's cells as planned (every round so far)
+        self._opened: str | None = None  # the source the placement is set up for
 
     def host_kwargs(self, source_spec: str | None = None) -> dict:
         r = self.recipe
@@ -77,6 +78,7 @@ class Orchestrator:
             )
         t0 = time.time()
         r = self.recipe
+        self._opened = None  # this placement is set up by this run
         host = self.host = HostWork(**self.host_kwargs(specs[0]), events=self.ev)
         self._hosts[specs[0]] = host
         shas = {m.name: host.model_sha(m.name) for m in r.models}
@@ -85,25 +87,19 @@ class Orchestrator:
         rounds: int | None = AUTO_MIN_ROUNDS if r.rounds == "auto" else r.rounds
         steps, total, done = self._plan(r, rounds, specs, commits, shas)
         todo = [c for _, cs in steps for c in cs]
-        opened = None
         if steps:  # connects and checks before the run starts
-            opened = steps[0][0]
-            self._open(placement, opened)
+            self._open(placement, steps[0][0])
         run_id = self.ledger.start_run(r.name, self.recipe_sha, total)
         rep = RunReport(run_id, total, len(done))
         try:
             self.ev.cells(len(todo))
             if rounds is not None:  # every build made before round 1: none is made between two measured cells
                 for spec in dict.fromkeys(spec for spec, _ in steps):
-                    if spec != opened:
-                        opened = spec
-                        self._open(placement, spec)
+                    self._open(placement, spec)
                     self._run_source(placement, [c for sp, cs in steps if sp == spec for c in cs], run_id, rep, True)
             while True:
                 for spec, cells in steps:
-                    if spec != opened:
-                        opened = spec
-                        self._open(placement, spec)
+                    self._open(placement, spec)
                     self._run_source(placement, cells, run_id, rep)
                 if not auto or rounds is None or not self._more_rounds(rep, rounds, t0):
                     break
@@ -158,7 +154,11 @@ class Orchestrator:
         return True
 
     def _open(self, placement: Placement, spec: str) -> None:
-        """The placement set up for one llama.cpp source: its own host work (its build)."""
+        """The placement set up for one llama.cpp source: its own host work (its build); nothing to do where it is
+        set up for that source already."""
+        if self._opened == spec:
+            return
+        self._opened = spec
         r, kwargs = self.recipe, self.host_kwargs(spec)
         if self.host is None or self.host.source_spec != spec:  # each source's host work once (rounds come back)
             self.host = self._hosts.get(spec) or HostWork(**kwargs, events=self.ev)
