@@ -750,14 +750,22 @@ def bisect(recipe, metric, repo, good, bad, source_list, lab_file, lab_dir, alph
             measured[c.commit] = rows[rows["build_commit"] == c.commit]
         return measured[c.commit]
 
-    def measure(c):
+    def measure(c, more):
         o = Orchestrator(recipe, lab_file, d, jobs=jobs)
         if o.recipe.rounds is None:
-            return alone(good), alone(c)
+            return (alone(good), alone(c)) if not more else None
         # in rounds: the candidate beside the good end in a run of their own, whose cells are its own (the good
-        # end measured again, in the same rounds as the candidate)
+        # end measured again, in the same rounds as the candidate); an undecided step in twice the rounds, up to
+        # four times the recipe's (rounds: auto takes its own)
+        n = o.recipe.rounds
+        cap = 4 * n if n != "auto" else 0
+        if more and (n == "auto" or n << (more - 1) >= cap):
+            return None
         name = f"{o.recipe.name} ({c.commit[:12]} beside {good.commit[:12]})"
-        o.recipe = o.recipe.model_copy(update={"name": name, "sources": [good.spec, c.spec]})
+        update: dict[str, object] = {"name": name, "sources": [good.spec, c.spec]}
+        if n != "auto":
+            update["rounds"] = min(n << more, cap)
+        o.recipe = o.recipe.model_copy(update=update)
         rows = run(c, o)
         return rows[rows["build_commit"] == good.commit], rows[rows["build_commit"] == c.commit]
 

@@ -357,10 +357,12 @@ def print_comparison(cmp: Comparison, fmt: str) -> None:
 
 def print_bisect_step(st: Step, metric: str) -> None:
     ratio = f"{metric} ×{st.ratio:.3f} of the good end" if st.ratio is not None else ""
-    p = f" (p {st.p:.2g})" if st.p is not None else ""
+    p = f" (p {st.p:.2g}{f', {st.rounds} rounds' if st.rounds else ''})" if st.p is not None else ""
+    colour = {"bad": "red", "good": "green"}.get(st.verdict, "yellow")
+    more = ": measuring it in more rounds" if st.verdict == "undecided" else ""
     console.print(
         f"{st.candidate.commit[:12]} {escape(st.candidate.subject[:60])}: {ratio}{p} → "
-        f"[{'red' if st.verdict == 'bad' else 'green'}]{st.verdict}[/]"
+        f"[{colour}]{st.verdict}[/]{more}"
         + (f" [yellow]({escape(st.note)})[/]" if st.note and st.ratio is not None else "")
     )
 

@@ -20,6 +20,7 @@ from typing import Callable
 from .. import paths
 from ..errors import DevicelabError
 from ..proc import tail
+from . import source as sourcemod
 from .source import SourceTree
 from .targets import Target, check_toolchain, host_cpu_flags
 
@@ -179,7 +180,8 @@ def _build(src: SourceTree, t: Target, tools, jobs, progress) -> Build:
     configure += [f"-D{k}={v}" for k, v in {**build_flags(src, t), **launcher}.items()]
     compile_ = ["cmake", "--build", str(d), "-j", str(jobs or os.cpu_count() or 2), "--target", *tools]
     log = d / "build.log"
-    seconds = run_cmake(configure, compile_, log, env, progress)
+    with sourcemod.checked_out(src):  # a clone's revision: its worktree at this commit while it compiles
+        seconds = run_cmake(configure, compile_, log, env, progress)
     missing = [x for x in tools if not (d / "bin" / x).exists()]
     if missing:
         raise DevicelabError(

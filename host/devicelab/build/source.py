@@ -3,6 +3,7 @@ checkout / extracted tree / sdist file. Everything downstream is keyed by the co
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -181,12 +182,20 @@ def _git_spec(spec: str) -> tuple[Path, str]:
     return repo, r.stdout.strip()
 
 
+def _worktree(repo: Path) -> Path:
+    return paths.sub("sources") / f"git-{hashlib.sha256(str(repo).encode()).hexdigest()[:12]}"
+
+
 def _git_checkout(repo: Path, commit: str) -> Path:
     """The repository at `commit`, in one worktree per repository under DEVICELAB_HOME/sources, checked out in
-    place: every revision's build then sees the same source paths, so ccache reuses what did not change."""
-    import hashlib
+    place: every revision's build then sees the same source paths, so ccache reuses what did not change. The
+    worktree holds one revision at a time: a build compiles it inside `checked_out`."""
+    with paths.result_lock(_worktree(repo)):
+        return _checkout_held(repo, commit)
 
-    wt = paths.sub("sources") / f"git-{hashlib.sha256(str(repo).encode()).hexdigest()[:12]}"
+
+def _checkout_held(repo: Path, commit: str) -> Path:
+    wt = _worktree(repo)  # a checkout rewrites only the files that differ: an unchanged file keeps its time
     if not (wt / ".git").exists():
         _git(repo, "worktree", "prune")
         r = _git(repo, "worktree", "add", "--detach", "--force", str(wt), commit)
@@ -195,6 +204,20 @@ def _git_checkout(repo: Path, commit: str) -> Path:
     if r.returncode != 0:
         raise DevicelabError(f"could not check out {commit[:12]} of {repo}: {(r.stderr.strip() or 'git failed')[:300]}")
     return wt
+
+
+@contextlib.contextmanager
+def checked_out(src: SourceTree):
+    """Held while a build compiles `src`: a revision of a clone (git:PATH@REV) shares one worktree with the clone's
+    other revisions, so it is checked out again at its commit and no other revision is checked out until the build
+    is done (a sweep or a bisect step resolves two revisions before building either). Other trees: as they are."""
+    if not src.origin.startswith(GIT_PREFIX):
+        yield
+        return
+    repo = Path(src.origin[len(GIT_PREFIX) :].rpartition("@")[0]).expanduser().resolve()
+    with paths.result_lock(_worktree(repo)):
+        _checkout_held(repo, src.commit)
+        yield
 
 
 def commit_of(spec: str | None) -> str:
@@ -215,7 +238,8 @@ def resolve(spec: str | None = None) -> SourceTree:
         with paths.result_lock(paths.sub("sources") / spec[len("pypi:") :]):
             root = _extract_sdist(_pip_download(spec[len("pypi:") :]))
     elif spec.startswith(GIT_PREFIX):
-        root = _git_checkout(*_git_spec(spec))
+        repo, asked = _git_spec(spec)
+        root = _git_checkout(repo, asked)
     else:
         p = Path(spec).expanduser()
         if not p.exists():
@@ -227,6 +251,8 @@ def resolve(spec: str | None = None) -> SourceTree:
     if got is None:
         raise DevicelabError(f"cannot read the commit of {tree} (no git metadata); use a git checkout of llama.cpp")
     commit, dirty = got
+    if spec.startswith(GIT_PREFIX):  # the worktree may hold another revision already: this one is what was asked
+        commit, dirty = asked, False
     src = SourceTree(path=tree, commit=commit, origin=spec, dirty=dirty)
     try:
         cache.write_text(json.dumps(src.to_json(), indent=1))
