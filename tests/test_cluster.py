@@ -170,12 +170,21 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
     stop_sampling, here_holders = threading.Event(), set()
     sampler = threading.Thread(target=sample_holders, args=("here", stop_sampling, here_holders), daemon=True)
     sampler.start()
-    wait_for(lambda: running(db, "board2") or a.poll() is not None, 600, "board2's first cell")
-    # run a holds board2 until run b has found it held: board2's processes are stopped (SIGSTOP) meanwhile, so a
-    # busy machine cannot let run a finish board2's cells before b asks for the board
-    board2 = f"{w2.board.d}/device-workdir"
-    stop = lambda: subprocess.run(["pkill", "-STOP", "-f", board2]).returncode == 0
-    wait_for(lambda: stop() or a.poll() is not None, 600, "a process of run a on board2")
+    # run a holds board2 until run b has found it held, and board1 until w1 is killed: both boards' processes are
+    # stopped (SIGSTOP) meanwhile, so a busy machine cannot let run a finish their cells first (beside a busy loop
+    # run a finished board1's three cells while b started)
+    board1, board2 = (f"{h.board.d}/device-workdir" for h in (w1, w2))
+    held: set[str] = set()
+
+    def hold() -> bool:  # each board's processes stopped while one of its cells runs
+        for name, board in (("board1", board1), ("board2", board2)):
+            if board in held or not running(db, name):
+                continue
+            if subprocess.run(["pkill", "-STOP", "-f", board]).returncode == 0:
+                held.add(board)
+        return len(held) == 2 or a.poll() is not None
+
+    wait_for(hold, 600, "a process of run a on each board")
     try:
         b = start_run(
             net, recipe(tmp_path / "b.yaml", "second", ["board2"], ["q8_0"]), lab, lab_dir, tmp_path / "b.log"
@@ -187,8 +196,10 @@ def test_a_recipe_across_two_lab_hosts(tmp_path, net, host_build, smol_path):
         )
     finally:
         subprocess.run(["pkill", "-CONT", "-f", board2])
-    wait_for(lambda: running(db, "board1") or a.poll() is not None, 600, "board1's first cell")
-    w1.kill_node()
+    try:
+        w1.kill_node()  # board1's cell still stopped mid-run
+    finally:
+        subprocess.run(["pkill", "-CONT", "-f", board1])
     assert a.wait(600) == 1, (tmp_path / "a.log").read_text()[-4000:]
     out_a = (tmp_path / "a.log").read_text()
     first = cells(db, "across")

@@ -87,6 +87,30 @@ def test_two_model_frontier_and_recommendation(lab):
     assert "the smallest RAM each file fits" in out
 
 
+def test_each_model_predicted_from_the_other_and_the_error_measured(lab, smol_path):
+    """`predict --check` on the two models this device measured: each model's cells predicted from the other model's
+    alone (leave one out), every interval from the other model's errors; then SmolLM2's own file predicted on this
+    device before its measurements count (the lab's own cells of it are left out), its RAM against the budget."""
+    d, _ = lab
+    got = json.loads(devicelab("predict", "--check", "--json", "--lab-dir", d, check=True).stdout)
+    cells = got["cells"]
+    assert {c["model"] for c in cells} == {"smollm2-135m", "gemma3-270m"} and not got["too_few"]
+    assert {c["metric"] for c in cells} == {"decode_tps", "prefill_tps", "peak_rss"}
+    r = rows(d)
+    for c in cells:  # the measured figure is the lab's own, the prediction a positive number
+        same = r[(r.model == c["model"]) & (r.quant == c["quant"]) & (r.metric == c["metric"])]
+        assert c["predicted"] > 0 and any(abs(v - c["measured"]) < 1e-6 * c["measured"] for v in same.value)
+        assert c["inside"] in (True, False)  # two models: each held out has the other's errors for its interval
+    assert {(t["metric"], t["models"]) for t in got["table"]} >= {("decode_tps", 2), ("prefill_tps", 2)}
+    pred = json.loads(devicelab("predict", smol_path, "--json", "--lab-dir", d, check=True).stdout)
+    assert pred["model"] and pred["ram"]["local"][0]["quant"] == "q4_1"
+    ram = pred["ram"]["local"][0]
+    assert ram["fits"] is True and ram["overhead_measured"] and ram["weights"] == smol_path.stat().st_size
+    decode = [p for p in pred["predictions"] if p["metric"] == "decode_tps"]
+    assert decode and all(p["refs"] == ["gemma3-270m"] for p in decode)  # its own cells are not its prediction
+    assert all(p["lo"] < p["value"] < p["hi"] for p in decode)
+
+
 def test_recommendation_reproducible_from_export(lab, tmp_path):
     d, _ = lab
     out = tmp_path / "r.parquet"

@@ -509,6 +509,65 @@ def recommend(
 
 
 @main.command()
+@click.argument("model", required=False)
+@click.option("--name", default=None, help="a described model's name (default: described)")
+@click.option("--params", type=float, default=None, help="a described model: its parameters (e.g. 1.24e9)")
+@click.option("--layers", type=int, default=None, help="a described model: its layers")
+@click.option("--kv-heads", type=int, default=None, help="a described model: its KV heads")
+@click.option("--head-dim", type=int, default=None, help="a described model: its head size")
+@click.option("--vocab", type=int, default=None, help="a described model: its vocabulary")
+@click.option("--quant", "quants", multiple=True, help="quants to predict (default: the file's own, else Q4_K_M)")
+@click.option("--device", "devices", multiple=True, help="only these devices (default: every device measured)")
+@click.option("--context", type=int, default=2048, show_default=True, help="the context the RAM need is reckoned at")
+@click.option("--check", is_flag=True, help="print the error the lab measured (leave one model out) and stop")
+@click.option("--json", "as_json", is_flag=True)
+@_LAB_DIR
+def predict(model, name, params, layers, kv_heads, head_dim, vocab, quants, devices, context, check, as_json, lab_dir):
+    """How fast MODEL (a local GGUF, or a model described by --params --layers --kv-heads --head-dim --vocab)
+    will run on each device of the lab, and whether it fits — from what each device measured of other models."""
+    from . import predict as pr
+    from .candidate import DEFAULT_OVERHEAD
+    from .console import print_prediction_check, print_predictions
+
+    if check:
+        _lab_dir(lab_dir, must_hold_ledger=True)
+        table, errs, few = pr.check(_load_rows(lab_dir, None, None, dict(latest=True)))
+        print_prediction_check(table, errs, few, as_json)
+        return
+    given = dict(params=params, layers=layers, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab)
+    if model and any(v is not None for v in given.values()):
+        raise DevicelabError("predict: give a model file or describe one (--params …), not both")
+    if model and model.startswith("hf:"):
+        raise DevicelabError(
+            f"predict {model}: reading a hub file's header is not supported yet; download the .gguf or describe "
+            "the model (--params --layers --kv-heads --head-dim --vocab)"
+        )
+    if model:
+        target = pr.from_gguf(Path(model))
+    elif any(v is not None for v in given.values()):
+        target = pr.described(name or "described", **given)
+    else:
+        raise DevicelabError(
+            "predict: give a .gguf file, or describe a model with --params --layers --kv-heads --head-dim --vocab"
+        )
+    qs = [q.lower() for q in quants] or (sorted(target.files) or ["q4_k_m"])
+    for q in qs:
+        target.weights(q)  # a quant with no size: one line before the ledger is read
+    _lab_dir(lab_dir, must_hold_ledger=True)
+    rows = _load_rows(lab_dir, None, None, dict(latest=True))
+    preds = pr.predict(rows, target, qs, context, list(devices) or None)
+    mem = {}
+    for d in sorted({p.device for p in preds}):
+        budget, overhead = pr.device_memory(rows, d)
+        mem[d] = [
+            pr.ram(target, q, context, budget, overhead if overhead is not None else DEFAULT_OVERHEAD)
+            | {"overhead_measured": overhead is not None}
+            for q in qs
+        ]
+    print_predictions(target, preds, mem, context, as_json)
+
+
+@main.command()
 @_LAB_DIR
 @_RECIPE_FILE
 @_FROM

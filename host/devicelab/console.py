@@ -439,3 +439,121 @@ def say_check(c: Check) -> None:
 
 def say_doctor_stage(text: str) -> None:
     err.print(f"    [dim]· {escape(text)}[/]")
+
+
+# ---------------------------------------------------------------- predict
+_PRED_UNITS = {"decode_tps": "tok/s", "prefill_tps": "tok/s", "peak_rss": "MiB"}
+
+
+def _figure(metric: str, v: float | None) -> str:
+    if v is None:
+        return "?"
+    return f"{v / 2**20:.0f}" if metric == "peak_rss" else f"{v:.1f}"
+
+
+def print_predictions(target: Any, preds: list, mem: dict, context: int, as_json: bool = False) -> None:
+    """`devicelab predict`: per device, each quant's RAM need against the budget, then each predicted figure with
+    its interval and what it rests on — marked predicted, never a measurement."""
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "model": target.name,
+                    "source": target.source,
+                    "context": context,
+                    "ram": mem,
+                    "predictions": [p.to_json() for p in preds],
+                },
+                indent=1,
+                default=str,
+            )
+        )
+        return
+    if not preds:
+        console.print(f"no device of the lab measured a model to predict {escape(target.name)} from")
+        return
+    console.print(f"[bold]{escape(target.name)}[/] ({escape(target.source)}) — predicted, not measured")
+    for device in sorted(mem):
+        for m in mem[device]:
+            over = "runtime measured here" if m["overhead_measured"] else "runtime assumed: none measured here"
+            need = (
+                f"needs {m['need'] / 2**20:.0f} MiB (weights {m['weights'] / 2**20:.0f} from {m['weights_from']}, "
+                f"KV@{context} {m['kv'] / 2**20:.0f}, {over} {m['overhead'] / 2**20:.0f})"
+            )
+            if m["budget"] is None:
+                verdict = "[yellow]budget unknown[/]"
+            elif m["fits"]:
+                verdict = f"[green]fits[/] with {m['margin'] / 2**20:.0f} MiB to spare of {m['budget'] / 2**20:.0f}"
+            else:
+                verdict = f"[red]too large[/] by {-m['margin'] / 2**20:.0f} MiB for {m['budget'] / 2**20:.0f}"
+            console.print(f"{escape(device)} {m['quant']}: {verdict}; {escape(need)}")
+        t = Table(box=None, title=f"{device}: predicted from its own cells of other models")
+        for c in ("quant", "metric", "test", "threads", "predicted", "95 % of the lab's errors", "rests on"):
+            t.add_column(c)
+        for p in (p for p in preds if p.device == device):
+            sh = p.shape
+            test = f"pp{int(sh['n_prompt'])}" if p.metric == "prefill_tps" else f"tg{int(sh['n_gen'])}"
+            if p.metric == "peak_rss":
+                test = f"{int(sh['n_prompt'] + sh['n_gen'] + sh['n_depth'])} tok"
+            rng = (
+                f"{_figure(p.metric, p.lo)}–{_figure(p.metric, p.hi)}"
+                if p.lo is not None
+                else "not measured: the device has one model"
+            )
+            t.add_row(
+                p.quant,
+                p.metric,
+                test,
+                str(int(sh["threads"])) if sh.get("threads") else "—",
+                f"{_figure(p.metric, p.value)} {_PRED_UNITS[p.metric]}",
+                rng,
+                escape(f"{', '.join(p.refs)}: {p.basis}"),
+            )
+        console.print(t)
+    quants = sorted({p.quant for p in preds})
+    console.print(
+        "[dim]"
+        + escape(
+            f"to measure it for real: a recipe with this model and quants: [{', '.join(quants)}] "
+            "(devicelab run RECIPE), then `devicelab predict --check` shows how far off this was"
+        )
+        + "[/]"
+    )
+
+
+def print_prediction_check(table: pd.DataFrame, errs: pd.DataFrame, few: list[str], as_json: bool = False) -> None:
+    """`devicelab predict --check`: each model the lab measured predicted from the device's other models."""
+    if as_json:
+        click.echo(
+            json.dumps(
+                {"table": table.to_dict("records"), "cells": errs.to_dict("records"), "too_few": few},
+                indent=1,
+                default=str,
+            )
+        )
+        return
+    for line in few:
+        console.print(f"[yellow]{escape(line)}[/]")
+    if table.empty:
+        console.print("no device measured two models: nothing to check predictions against")
+        return
+    t = Table(box=None, title="predictions against measurements (leave one model out)")
+    for c in ("device", "metric", "family", "cells", "models", "median error", "90 % of |error| within", "inside"):
+        t.add_column(c)
+    for _, r in table.iterrows():
+        t.add_row(
+            str(r["device"]),
+            str(r["metric"]),
+            str(r["family"]),
+            str(r["cells"]),
+            str(r["models"]),
+            f"{r['median_error']:+.1%}",
+            f"±{r['p90_abs_error']:.1%}",
+            str(r["inside"]),
+        )
+    console.print(t)
+    n = errs["inside"].notna().sum()
+    inside = int(errs["inside"].fillna(False).sum())
+    console.print(
+        f"{inside} of {n} measured cells inside the interval predict gave them (each from the other models' errors)"
+    )

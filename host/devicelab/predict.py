@@ -1,0 +1,436 @@
+"""How fast a model not measured yet will run on a device, and whether it fits — predicted from what the lab measured
+on that device, with the error the lab's own history gives.
+
+A model is known by its shape: a GGUF file's header (parameters, layers, KV heads, head sizes, vocabulary, its own
+bytes) or a described one. A quant with no file is sized from the nominal bits per weight llama.cpp's own quantize
+tool prints for it (the pinned tree's tools/quantize/quantize.cpp: sizes of Llama-3-8B's files).
+
+Per device, from the cells it measured of other models (same backend, threads and test shape; the same quant, else
+the same quant family, else any quant — each prediction names what it rests on):
+- decode reads every weight once a token, plus the KV cache so far: the bytes a second a reference cell moved,
+  t/s × (weights + KV bytes a token × context), divided by the target's bytes a token;
+- prefill is compute: t/s × parameters of the references, divided by the target's parameters;
+- peak RSS is weights + KV at the cell's context + the runtime overhead the device measured (peak RSS − weights − KV
+  of the references).
+
+The error, measured: each model the device measured is predicted from the device's other models (leave one model
+out); `errors` keeps each cell's log(predicted ÷ measured) per device, metric and quant family. A prediction's
+interval is ± the 90th percentile of |log error| of the models it did not rest on being held out — so a model's own
+check never sees its own error. Fewer than two models on a device: no interval, and it says so."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .errors import DevicelabError
+
+GiB = 1024**3
+LLAMA3_8B_PARAMS = 8.03e9
+# tools/quantize/quantize.cpp at the pinned commit: " 4.58G, +0.1754 ppl @ Llama-3-8B" (GiB of an 8.03 B model), or
+# " 4.25 bpw" where it gives bits per weight; F16/BF16: 16 bits a weight
+_SIZES_8B_GIB = {
+    "q4_0": 4.34,
+    "q4_1": 4.78,
+    "q5_0": 5.21,
+    "q5_1": 5.65,
+    "q2_k": 2.96,
+    "q3_k_s": 3.41,
+    "q3_k_m": 3.74,
+    "q3_k_l": 4.03,
+    "q4_k_s": 4.37,
+    "q4_k_m": 4.58,
+    "q5_k_s": 5.21,
+    "q5_k_m": 5.33,
+    "q6_k": 6.14,
+    "q8_0": 7.96,
+}
+NOMINAL_BPW = {
+    **{q: round(g * GiB * 8 / LLAMA3_8B_PARAMS, 2) for q, g in _SIZES_8B_GIB.items()},
+    "iq2_m": 2.7,
+    "iq3_m": 3.66,
+    "iq4_nl": 4.5,
+    "iq4_xs": 4.25,
+    "f16": 16.0,
+    "bf16": 16.0,
+}
+METRICS = ("decode_tps", "prefill_tps", "peak_rss")
+COVER = 0.9  # the interval: this quantile of the held-out models' |log error|
+
+
+def family(quant: str) -> str:
+    """llama.cpp's quant families: float, legacy (q4_0 … q8_0), k-quant, i-quant."""
+    q = str(quant).lower()
+    if q in ("f32", "f16", "bf16"):
+        return "float"
+    if q.startswith("iq"):
+        return "i-quant"
+    if re.match(r"^q\d_k", q):
+        return "k-quant"
+    return "legacy"
+
+
+@dataclass
+class Shape:
+    """What a prediction needs of a model."""
+
+    name: str
+    n_params: int
+    n_layer: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_vocab: int
+    source: str  # where the shape came from, in words
+    files: dict[str, int] = field(default_factory=dict)  # quant -> bytes of a real file
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """F16 KV cache a token (K and V, every layer)."""
+        return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * 2
+
+    def weights(self, quant: str) -> tuple[int, str]:
+        """The quant's bytes and how they were known."""
+        q = quant.lower()
+        if q in self.files:
+            return self.files[q], "the file's size"
+        if q not in NOMINAL_BPW:
+            raise DevicelabError(
+                f"{quant}: no file of {self.name} in that quant and no nominal size for it; "
+                f"give one of {', '.join(sorted(NOMINAL_BPW))}"
+            )
+        return int(self.n_params * NOMINAL_BPW[q] / 8), f"{NOMINAL_BPW[q]:g} bits a weight (llama-quantize's size)"
+
+
+DESCRIBED = ("params", "layers", "kv_heads", "head_dim", "vocab")
+
+
+def described(name: str, **given) -> Shape:
+    """A model described by its parameters, layers, KV heads, head size and vocabulary (one line names what is
+    missing)."""
+    missing = [k for k in DESCRIBED if given.get(k) in (None, 0)]
+    if missing:
+        raise DevicelabError(
+            f"described model {name}: give {', '.join('--' + m.replace('_', '-') for m in missing)} "
+            "(parameters, layers, KV heads, head size and vocabulary are all needed)"
+        )
+    return Shape(
+        name,
+        int(float(given["params"])),
+        int(given["layers"]),
+        int(given["kv_heads"]),
+        int(given["head_dim"]),
+        int(given["head_dim"]),
+        int(given["vocab"]),
+        "described",
+    )
+
+
+def from_gguf(path) -> Shape:
+    """A GGUF file's shape from its header (gguf-py), and its own quant's bytes."""
+    from .importer import FTYPE_QUANT
+    from .models import gguf_info
+
+    info = gguf_info.read(path)
+    need = {"layers": info.n_layer, "kv_heads": info.n_head_kv, "head_dim": info.head_dim_k}
+    missing = [k for k, v in need.items() if not v]
+    if missing:
+        raise DevicelabError(f"{path}: its GGUF header lacks {', '.join(missing)}; describe the model instead")
+    files = {}
+    q = FTYPE_QUANT.get(_FTYPE.get(int(info.file_type), "")) if info.file_type is not None else None
+    if q:
+        files[q] = info.bytes
+    return Shape(
+        info.name,
+        info.n_params,
+        int(info.n_layer or 0),
+        int(info.n_head_kv or 0),
+        int(info.head_dim_k or 0),
+        int(info.head_dim_v or info.head_dim_k or 0),
+        int(info.n_vocab or 0),
+        f"the GGUF header of {path}",
+        files,
+    )
+
+
+# general.file_type (llama.h's llama_ftype) -> the name llama.cpp prints for it
+_FTYPE = {
+    0: "all F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    7: "Q8_0",
+    8: "Q5_0",
+    9: "Q5_1",
+    10: "Q2_K - Medium",
+    11: "Q3_K - Small",
+    12: "Q3_K - Medium",
+    13: "Q3_K - Large",
+    14: "Q4_K - Small",
+    15: "Q4_K - Medium",
+    16: "Q5_K - Small",
+    17: "Q5_K - Medium",
+    18: "Q6_K",
+    25: "IQ4_NL - 4.5 bpw",
+    27: "IQ3_S mix - 3.66 bpw",
+    29: "IQ2_M - 2.7 bpw",
+    30: "IQ4_XS - 4.25 bpw",
+    32: "BF16",
+}
+
+
+# ---------------------------------------------------------------- the device's own cells
+SHAPE_COLS = ("backend", "threads", "n_prompt", "n_gen", "n_depth")
+
+
+def cells(rows: pd.DataFrame) -> pd.DataFrame:
+    """One line per measured (device, model, quant, backend, threads, test shape, metric): the mean of its rows, and
+    the model's bytes, parameters and KV bytes a token; peak RSS at the largest context its cell held."""
+    need = {"device", "model", "quant", "metric", "value", "model_bytes", "n_params", "kv_bytes_per_token"}
+    if rows.empty or not need <= set(rows.columns):
+        return pd.DataFrame()
+    r = rows[rows["metric"].isin(METRICS) & pd.to_numeric(rows["value"], errors="coerce").notna()].copy()
+    for c in (*SHAPE_COLS, "model_bytes", "n_params", "kv_bytes_per_token"):
+        r[c] = pd.to_numeric(r[c], errors="coerce") if c in r.columns else np.nan
+    r["backend"] = rows["backend"].astype("string") if "backend" in rows.columns else ""
+    r["value"] = pd.to_numeric(r["value"], errors="coerce").astype(float)
+    if "cell_id" in r.columns:  # peak RSS: one a cell, at the most tokens its tests held
+        tokens = (rows["n_prompt"].fillna(0) + rows["n_gen"].fillna(0) + rows["n_depth"].fillna(0)).astype(float)
+        held = tokens.groupby(rows["cell_id"]).max()
+        rss = r["metric"] == "peak_rss"
+        r.loc[rss, "n_prompt"] = r.loc[rss, "cell_id"].map(held)
+        r.loc[rss, ["n_gen", "n_depth"]] = 0
+    r = r[r["model_bytes"].notna() & r["n_params"].notna()]
+    if "cell_id" in r.columns:  # peak RSS only of cells whose tokens are known (bench cells): others held more
+        r = r[(r["metric"] != "peak_rss") | (r["n_prompt"].fillna(0) > 0)]
+    keys = ["device", "model", "quant", "metric", *SHAPE_COLS]
+    r[list(SHAPE_COLS[1:])] = r[list(SHAPE_COLS[1:])].fillna(0)
+    r["backend"] = r["backend"].fillna("")
+    g = r.groupby(keys, dropna=False, sort=True)
+    out = g.agg(
+        value=("value", "mean"),
+        model_bytes=("model_bytes", "max"),
+        n_params=("n_params", "max"),
+        kv=("kv_bytes_per_token", "max"),
+    ).reset_index()
+    out["kv"] = out["kv"].fillna(0)
+    return out
+
+
+def _ctx(c) -> float:
+    """Tokens in the KV cache on average while a test ran (decode: half its generation on top of the prompt)."""
+    return float(c["n_depth"]) + float(c["n_prompt"]) + float(c["n_gen"]) / 2
+
+
+def _scale(c, metric: str) -> float:
+    """What a reference cell's figure is divided by the target's (bytes a token, parameters) — its `effort`."""
+    if metric == "decode_tps":
+        return float(c["model_bytes"]) + float(c["kv"]) * _ctx(c)
+    if metric == "prefill_tps":
+        return float(c["n_params"])
+    raise ValueError(metric)
+
+
+@dataclass
+class Predicted:
+    device: str
+    model: str
+    quant: str
+    metric: str
+    value: float
+    basis: str  # what it rests on, in words
+    refs: list[str]  # the reference models
+    lo: float | None = None
+    hi: float | None = None
+    shape: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+def predict_one(
+    refs: pd.DataFrame, metric: str, quant: str, shape: dict, weights: int, n_params: int, kv: int
+) -> tuple[float, str, list[str]] | None:
+    """One figure for a target (weights, parameters, KV bytes a token) at `shape` (backend, threads, n_prompt,
+    n_gen, n_depth) from a device's reference cells, with what it rests on; None where nothing matches."""
+    same = refs[refs["metric"] == metric]
+    for c in SHAPE_COLS:
+        if c in shape:
+            same = same[same[c] == shape[c]]
+    if same.empty:
+        return None
+    if metric == "peak_rss":
+        tokens = float(shape.get("n_prompt", 0)) + float(shape.get("n_gen", 0)) + float(shape.get("n_depth", 0))
+        over = same["value"] - same["model_bytes"] - same["kv"] * same["n_prompt"]
+        o = float(np.median(over.clip(lower=0)))
+        models = sorted(set(same["model"]))
+        return weights + kv * tokens + o, f"weights + KV + the {o / 2**20:.0f} MiB runtime overhead measured", models
+    fam = family(quant)
+    label, use = next(
+        (label, same[pick])
+        for label, pick in (
+            (f"{quant}", same["quant"] == quant),
+            (f"the {fam} family", same["quant"].map(family) == fam),
+            ("every quant", pd.Series(True, index=same.index)),
+        )
+        if pick.any()
+    )
+    effort = use.apply(lambda c: _scale(c, metric), axis=1)
+    per = float(np.median(use["value"] * effort))
+    if metric == "decode_tps":
+        target = weights + kv * _ctx(shape)
+        how = f"bytes a second its decode moved on {label} ({per / 1e9:.2f} GB/s)"
+    else:
+        target = n_params
+        how = f"parameters × tokens a second of its prefill on {label}"
+    models = sorted(set(use["model"]))
+    return per / target, how, models
+
+
+# ---------------------------------------------------------------- the error, measured
+def errors(rows: pd.DataFrame) -> pd.DataFrame:
+    """Leave one model out, per device: each measured cell of a model predicted from the device's other models;
+    one line per cell with log(predicted ÷ measured)."""
+    c = cells(rows)
+    out = []
+    if c.empty:
+        return pd.DataFrame(columns=["device", "model", "quant", "family", "metric", "predicted", "measured", "error"])
+    for (device, model), mine in c.groupby(["device", "model"]):
+        others = c[(c["device"] == device) & (c["model"] != model)]
+        if others.empty:
+            continue
+        for _, cell in mine.iterrows():
+            shape = {k: cell[k] for k in SHAPE_COLS}
+            got = predict_one(
+                others, cell["metric"], cell["quant"], shape, cell["model_bytes"], cell["n_params"], cell["kv"]
+            )
+            if got is None or not got[0] or not cell["value"]:
+                continue
+            out.append(
+                {
+                    "device": device,
+                    "model": model,
+                    "quant": cell["quant"],
+                    "family": family(cell["quant"]),
+                    "metric": cell["metric"],
+                    **shape,
+                    "predicted": got[0],
+                    "measured": float(cell["value"]),
+                    "error": math.log(got[0] / float(cell["value"])),
+                }
+            )
+    return pd.DataFrame(out)
+
+
+def half_width(errs: pd.DataFrame, device: str, metric: str, fam: str, leave_out: set[str]) -> float | None:
+    """± log half-width of a prediction's interval: the COVER quantile of |log error| of the device's held-out
+    models other than `leave_out`, for that metric and quant family (else every family); None without them."""
+    if errs.empty:
+        return None
+    e = errs[(errs["device"] == device) & (errs["metric"] == metric) & ~errs["model"].isin(leave_out)]
+    by_fam = e[e["family"] == fam]
+    use = by_fam if len(by_fam) >= 3 else e
+    if use.empty:
+        return None
+    return float(np.quantile(use["error"].abs(), COVER))
+
+
+def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    """(the error table per device, metric and quant family; every held-out cell with whether its interval held
+    it; a line for each device with too few models)."""
+    errs = errors(rows)
+    c = cells(rows)
+    few = [
+        f"{d}: {n} model measured — predictions need two or more to measure their error"
+        for d, n in (c.groupby("device")["model"].nunique().items() if not c.empty else [])
+        if n < 2
+    ]
+    if errs.empty:
+        return pd.DataFrame(), errs, few
+    inside = []
+    for _, e in errs.iterrows():
+        # the interval as `predict` would give it for this model: from the other models' held-out errors
+        w = half_width(errs, e["device"], e["metric"], e["family"], {e["model"]})
+        inside.append(None if w is None else abs(e["error"]) <= w)
+    errs = errs.assign(inside=pd.Series(inside, index=errs.index, dtype="object"))
+    table = (
+        errs.groupby(["device", "metric", "family"])
+        .agg(
+            cells=("error", "size"),
+            models=("model", "nunique"),
+            median_error=("error", lambda x: math.expm1(float(np.median(x)))),
+            p90_abs_error=("error", lambda x: math.expm1(float(np.quantile(x.abs(), COVER)))),
+            inside=("inside", lambda x: f"{int(x.fillna(False).sum())}/{int(x.notna().sum())}"),
+        )
+        .reset_index()
+    )
+    return table, errs, few
+
+
+# ---------------------------------------------------------------- a target on every device
+def predict(
+    rows: pd.DataFrame, target: Shape, quants: list[str], context: int, devices: list[str] | None = None
+) -> list[Predicted]:
+    """Every device's prediction for `target` in each quant at each test shape the device measured (decode, prefill,
+    peak RSS), with its interval."""
+    c = cells(rows)
+    if c.empty:
+        raise DevicelabError("the ledger holds no measured speeds to predict from: run a bench recipe first")
+    errs = errors(rows)
+    out: list[Predicted] = []
+    for device in devices or sorted(set(c["device"])):
+        # other models only: one with the target's name or parameter count is the target (a file of it measured)
+        refs = c[(c["device"] == device) & (c["model"] != target.name) & (c["n_params"] != target.n_params)]
+        if refs.empty:
+            continue
+        shapes = refs[list(SHAPE_COLS) + ["metric"]].drop_duplicates()
+        for q in quants:
+            weights, _ = target.weights(q)
+            for _, s in shapes.iterrows():
+                shape = {k: s[k] for k in SHAPE_COLS}
+                got = predict_one(refs, s["metric"], q, shape, weights, target.n_params, target.kv_bytes_per_token)
+                if got is None:
+                    continue
+                value, how, models = got
+                w = half_width(errs, device, s["metric"], family(q), set())
+                lo, hi = (value * math.exp(-w), value * math.exp(w)) if w is not None else (None, None)
+                out.append(Predicted(device, target.name, q, s["metric"], value, how, models, lo, hi, shape))
+    return out
+
+
+def ram(target: Shape, quant: str, context: int, budget: int | None, overhead: int) -> dict:
+    """RAM need at `context` (weights + F16 KV + runtime overhead) against a budget: fits or not, with the margin."""
+    weights, how = target.weights(quant)
+    kv = target.kv_bytes_per_token * context
+    need = weights + kv + overhead
+    return {
+        "quant": quant,
+        "weights": weights,
+        "weights_from": how,
+        "kv": kv,
+        "overhead": overhead,
+        "need": need,
+        "budget": budget,
+        "fits": None if budget is None else need <= budget,
+        "margin": None if budget is None else budget - need,
+    }
+
+
+def device_memory(rows: pd.DataFrame, device: str) -> tuple[int | None, int | None]:
+    """A device's budget for one app (its latest) and the runtime overhead it measured (median over its cells);
+    None where not known."""
+    d = rows[rows["device"] == device] if "device" in rows.columns else rows.iloc[0:0]
+    budget = None
+    if "ram_budget_bytes" in d.columns:
+        b = pd.to_numeric(d["ram_budget_bytes"], errors="coerce").dropna()
+        budget = int(b.iloc[-1]) if len(b) else None
+    c = cells(d)
+    o = c[c["metric"] == "peak_rss"] if not c.empty else c
+    overhead = None
+    if not o.empty:
+        overhead = int(np.median((o["value"] - o["model_bytes"] - o["kv"] * o["n_prompt"]).clip(lower=0)))
+    return budget, overhead
