@@ -817,13 +817,12 @@ def bisect(recipe, metric, repo, good, bad, source_list, lab_file, lab_dir, alph
         # end measured again, in the same rounds as the candidate); an undecided step in twice the rounds, up to
         # four times the recipe's (rounds: auto takes its own)
         n = o.recipe.rounds
-        cap = 4 * n if n != "auto" else 0
-        if more and (n == "auto" or n << (more - 1) >= cap):
+        if more and (n == "auto" or n << (more - 1) >= 4 * n):
             return None
         name = f"{o.recipe.name} ({c.commit[:12]} beside {good.commit[:12]})"
         update: dict[str, object] = {"name": name, "sources": [good.spec, c.spec]}
         if n != "auto":
-            update["rounds"] = min(n << more, cap)
+            update["rounds"] = min(n << more, 4 * n)
         o.recipe = o.recipe.model_copy(update=update)
         rows = run(c, o)
         return rows[rows["build_commit"] == good.commit], rows[rows["build_commit"] == c.commit]

@@ -132,18 +132,16 @@ def described(name: str, **given) -> Shape:
 
 def from_gguf(path) -> Shape:
     """A GGUF file's shape from its header (gguf-py), and its own quant's bytes."""
-    from .importer import FTYPE_QUANT
     from .models import gguf_info
+    from .models.ladder import quant_of_file_type
 
     info = gguf_info.read(path)
     need = {"layers": info.n_layer, "kv_heads": info.n_head_kv, "head_dim": info.head_dim_k}
     missing = [k for k, v in need.items() if not v]
     if missing:
         raise DevicelabError(f"{path}: its GGUF header lacks {', '.join(missing)}; describe the model instead")
-    files = {}
-    q = FTYPE_QUANT.get(_FTYPE.get(int(info.file_type), "")) if info.file_type is not None else None
-    if q:
-        files[q] = info.bytes
+    q = quant_of_file_type(info.file_type)
+    files = {q: info.bytes} if q else {}
     return Shape(
         info.name,
         info.n_params,
@@ -155,32 +153,6 @@ def from_gguf(path) -> Shape:
         f"the GGUF header of {path}",
         files,
     )
-
-
-# general.file_type (llama.h's llama_ftype) -> the name llama.cpp prints for it
-_FTYPE = {
-    0: "all F32",
-    1: "F16",
-    2: "Q4_0",
-    3: "Q4_1",
-    7: "Q8_0",
-    8: "Q5_0",
-    9: "Q5_1",
-    10: "Q2_K - Medium",
-    11: "Q3_K - Small",
-    12: "Q3_K - Medium",
-    13: "Q3_K - Large",
-    14: "Q4_K - Small",
-    15: "Q4_K - Medium",
-    16: "Q5_K - Small",
-    17: "Q5_K - Medium",
-    18: "Q6_K",
-    25: "IQ4_NL - 4.5 bpw",
-    27: "IQ3_S mix - 3.66 bpw",
-    29: "IQ2_M - 2.7 bpw",
-    30: "IQ4_XS - 4.25 bpw",
-    32: "BF16",
-}
 
 
 # ---------------------------------------------------------------- the device's own cells
@@ -219,6 +191,11 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
     ).reset_index()
     out["kv"] = out["kv"].fillna(0)
     return out
+
+
+def _overhead(rss: pd.DataFrame) -> float:
+    """The runtime overhead peak-RSS cells show: the median of peak RSS − weights − KV at the tokens they held."""
+    return float(np.median((rss["value"] - rss["model_bytes"] - rss["kv"] * rss["n_prompt"]).clip(lower=0)))
 
 
 def _ctx(c) -> float:
@@ -265,8 +242,7 @@ def predict_one(
         return None
     if metric == "peak_rss":
         tokens = float(shape.get("n_prompt", 0)) + float(shape.get("n_gen", 0)) + float(shape.get("n_depth", 0))
-        over = same["value"] - same["model_bytes"] - same["kv"] * same["n_prompt"]
-        o = float(np.median(over.clip(lower=0)))
+        o = _overhead(same)
         models = sorted(set(same["model"]))
         return weights + kv * tokens + o, f"weights + KV + the {o / 2**20:.0f} MiB runtime overhead measured", models
     fam = family(quant)
@@ -292,10 +268,9 @@ def predict_one(
 
 
 # ---------------------------------------------------------------- the error, measured
-def errors(rows: pd.DataFrame) -> pd.DataFrame:
-    """Leave one model out, per device: each measured cell of a model predicted from the device's other models;
-    one line per cell with log(predicted ÷ measured)."""
-    c = cells(rows)
+def errors(c: pd.DataFrame) -> pd.DataFrame:
+    """Leave one model out, per device: each measured cell (of `cells`) of a model predicted from the device's other
+    models; one line per cell with log(predicted ÷ measured)."""
     out = []
     if c.empty:
         return pd.DataFrame(columns=["device", "model", "quant", "family", "metric", "predicted", "measured", "error"])
@@ -342,8 +317,8 @@ def half_width(errs: pd.DataFrame, device: str, metric: str, fam: str, leave_out
 def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     """(the error table per device, metric and quant family; every held-out cell with whether its interval held
     it; a line for each device with too few models)."""
-    errs = errors(rows)
     c = cells(rows)
+    errs = errors(c)
     few = [
         f"{d}: {n} model measured — predictions need two or more to measure their error"
         for d, n in (c.groupby("device")["model"].nunique().items() if not c.empty else [])
@@ -380,7 +355,7 @@ def predict(
     c = cells(rows)
     if c.empty:
         raise DevicelabError("the ledger holds no measured speeds to predict from: run a bench recipe first")
-    errs = errors(rows)
+    errs = errors(c)
     out: list[Predicted] = []
     for device in devices or sorted(set(c["device"])):
         # other models only: one with the target's name or parameter count is the target (a file of it measured)
@@ -430,7 +405,4 @@ def device_memory(rows: pd.DataFrame, device: str) -> tuple[int | None, int | No
         budget = int(b.iloc[-1]) if len(b) else None
     c = cells(d)
     o = c[c["metric"] == "peak_rss"] if not c.empty else c
-    overhead = None
-    if not o.empty:
-        overhead = int(np.median((o["value"] - o["model_bytes"] - o["kv"] * o["n_prompt"]).clip(lower=0)))
-    return budget, overhead
+    return budget, (int(_overhead(o)) if not o.empty else None)

@@ -167,13 +167,17 @@ def _git(repo: Path, *args: str, timeout: float = 300) -> subprocess.CompletedPr
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def _git_spec(spec: str) -> tuple[Path, str]:
-    """'git:PATH@REV' -> (the repository, the full commit REV names)."""
-    body = spec[len(GIT_PREFIX) :]
-    path, at, rev = body.rpartition("@")
+def _git_parts(spec: str) -> tuple[Path, str]:
+    """'git:PATH@REV' -> (the repository's path, REV as given)."""
+    path, at, rev = spec[len(GIT_PREFIX) :].rpartition("@")
     if not at or not path or not rev:
         raise DevicelabError(f"llama.cpp source {spec}: give git:PATH@REV (a llama.cpp clone and a revision)")
-    repo = Path(path).expanduser().resolve()
+    return Path(path).expanduser().resolve(), rev
+
+
+def _git_spec(spec: str) -> tuple[Path, str]:
+    """'git:PATH@REV' -> (the repository, the full commit REV names)."""
+    repo, rev = _git_parts(spec)
     r = _git(repo, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     if r.returncode != 0 or not r.stdout.strip():
         raise DevicelabError(
@@ -214,7 +218,7 @@ def checked_out(src: SourceTree):
     if not src.origin.startswith(GIT_PREFIX):
         yield
         return
-    repo = Path(src.origin[len(GIT_PREFIX) :].rpartition("@")[0]).expanduser().resolve()
+    repo, _ = _git_parts(src.origin)
     with paths.result_lock(_worktree(repo)):
         _checkout_held(repo, src.commit)
         yield

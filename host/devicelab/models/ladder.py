@@ -63,6 +63,15 @@ def _file_type(quant: str) -> int | None:
     return int(m) if m is not None else None
 
 
+def quant_of_file_type(file_type: int | None) -> str | None:
+    """The quant a file of this general.file_type (llama_ftype) holds; None where it is not one of QUANT_TYPES."""
+    if file_type is None:
+        return None
+    return FLOAT_FILE_TYPES.get(int(file_type)) or next(
+        (q for q in QUANT_TYPES if q not in FLOAT_FILE_TYPES.values() and _file_type(q) == int(file_type)), None
+    )
+
+
 def check_quant(name: str) -> str:
     q = name.lower()
     if q not in QUANT_TYPES:
