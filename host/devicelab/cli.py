@@ -523,8 +523,9 @@ def recommend(
 @click.option("--json", "as_json", is_flag=True)
 @_LAB_DIR
 def predict(model, name, params, layers, kv_heads, head_dim, vocab, quants, devices, context, check, as_json, lab_dir):
-    """How fast MODEL (a local GGUF, or a model described by --params --layers --kv-heads --head-dim --vocab)
-    will run on each device of the lab, and whether it fits — from what each device measured of other models."""
+    """How fast MODEL (a local GGUF, an hf: file whose header alone is read, or a model described by --params
+    --layers --kv-heads --head-dim --vocab) will run on each device of the lab, and whether it fits — from what each
+    device measured of other models."""
     from . import predict as pr
     from .candidate import DEFAULT_OVERHEAD
     from .console import print_prediction_check, print_predictions
@@ -538,11 +539,11 @@ def predict(model, name, params, layers, kv_heads, head_dim, vocab, quants, devi
     if model and any(v is not None for v in given.values()):
         raise DevicelabError("predict: give a model file or describe one (--params …), not both")
     if model and model.startswith("hf:"):
-        raise DevicelabError(
-            f"predict {model}: reading a hub file's header is not supported yet; download the .gguf or describe "
-            "the model (--params --layers --kv-heads --head-dim --vocab)"
-        )
-    if model:
+        from .models import remote_header
+
+        header, commit = remote_header.fetch(model)
+        target = pr.from_gguf(header, f"{model} (commit {commit[:12]}, read without its weights)")
+    elif model:
         target = pr.from_gguf(Path(model))
     elif any(v is not None for v in given.values()):
         target = pr.described(name or "described", **given)

@@ -23,11 +23,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .errors import DevicelabError
+
+if TYPE_CHECKING:
+    from .models import gguf_info
 
 GiB = 1024**3
 LLAMA3_8B_PARAMS = 8.03e9
@@ -130,12 +134,19 @@ def described(name: str, **given) -> Shape:
     )
 
 
-def from_gguf(path) -> Shape:
+def from_gguf(path, source: str | None = None) -> Shape:
     """A GGUF file's shape from its header (gguf-py), and its own quant's bytes."""
     from .models import gguf_info
+
+    return from_info(gguf_info.read(path), source)
+
+
+def from_info(info: gguf_info.ModelInfo, source: str | None = None) -> Shape:
+    """A read GGUF header's shape. source: where the header came from, where not the file itself (a hub file's
+    header read without its weights)."""
     from .models.ladder import quant_of_file_type
 
-    info = gguf_info.read(path)
+    path = source or info.path
     need = {"layers": info.n_layer, "kv_heads": info.n_head_kv, "head_dim": info.head_dim_k}
     missing = [k for k, v in need.items() if not v]
     if missing:

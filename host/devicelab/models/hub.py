@@ -12,6 +12,7 @@ The resolved commit is returned with the files, so every row can say exactly whi
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -127,7 +128,7 @@ def choose(ref: HubRef, names: list[str]) -> list[str]:
     )
 
 
-def _offline() -> bool:
+def offline() -> bool:
     from huggingface_hub import constants
 
     return bool(constants.HF_HUB_OFFLINE)
@@ -175,32 +176,45 @@ def resolve(spec: str) -> Resolved:
 
     ref = parse(spec)
     rev = ref.revision or "main"
-    try:
-        if _offline():
-            commit, names = _cached_listing(ref, rev)
-            try:
-                chosen = choose(ref, names)
-            except DevicelabError as e:
-                raise DevicelabError(
-                    f"{e} (offline: only the cache was searched; fetch it with {_fetch_hint(ref)})"
-                ) from None
-            # the library itself confirms the snapshot holds every chosen file
-            folder = Path(
-                hh.snapshot_download(
-                    ref.repo, revision=commit, local_files_only=True, allow_patterns=chosen or CHECKPOINT_FILES
+    with answers(ref, rev):
+        try:
+            if offline():
+                commit, names = _cached_listing(ref, rev)
+                try:
+                    chosen = choose(ref, names)
+                except DevicelabError as e:
+                    raise DevicelabError(
+                        f"{e} (offline: only the cache was searched; fetch it with {_fetch_hint(ref)})"
+                    ) from None
+                # the library itself confirms the snapshot holds every chosen file
+                folder = Path(
+                    hh.snapshot_download(
+                        ref.repo, revision=commit, local_files_only=True, allow_patterns=chosen or CHECKPOINT_FILES
+                    )
                 )
-            )
-        else:
-            info = hh.HfApi().model_info(ref.repo, revision=rev)
-            if info.sha is None:  # the hub names it; its client's type allows none
-                raise DevicelabError(f"{ref}: the hub named no commit of {ref.repo} at {rev}")
-            commit = info.sha
-            chosen = choose(ref, [s.rfilename for s in info.siblings or []])
-            folder = Path(hh.snapshot_download(ref.repo, revision=commit, allow_patterns=chosen or CHECKPOINT_FILES))
-    except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, errors.IncompleteSnapshotError) as e:
-        raise DevicelabError(
-            f"{ref} is not in the Hugging Face cache ({type(e).__name__}); fetch it with {_fetch_hint(ref)}"
-        ) from None
+            else:
+                info = hh.HfApi().model_info(ref.repo, revision=rev)
+                if info.sha is None:  # the hub names it; its client's type allows none
+                    raise DevicelabError(f"{ref}: the hub named no commit of {ref.repo} at {rev}")
+                commit = info.sha
+                chosen = choose(ref, [s.rfilename for s in info.siblings or []])
+                folder = Path(
+                    hh.snapshot_download(ref.repo, revision=commit, allow_patterns=chosen or CHECKPOINT_FILES)
+                )
+        except (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, errors.IncompleteSnapshotError) as e:
+            raise DevicelabError(
+                f"{ref} is not in the Hugging Face cache ({type(e).__name__}); fetch it with {_fetch_hint(ref)}"
+            ) from None
+    return _in_cache(ref, folder, chosen, commit)
+
+
+@contextmanager
+def answers(ref: HubRef, rev: str):
+    """The hub's refusals, and a hub that cannot be reached, as one line each."""
+    from huggingface_hub import constants, errors
+
+    try:
+        yield
     except errors.GatedRepoError:
         raise DevicelabError(
             f"{ref.repo} is gated: accept its terms on the hub, then log in (`hf auth login`) or set HF_TOKEN"
@@ -213,6 +227,16 @@ def resolve(spec: str) -> Resolved:
         raise DevicelabError(f"{ref}: {ref.repo} has no revision {rev}") from None
     except errors.HfHubHTTPError as e:
         raise DevicelabError(f"{ref}: the hub answered {str(e).splitlines()[0][:160]}") from None
+    except Exception as e:  # the HTTP client's own errors (httpx or requests): the hub cannot be reached
+        if type(e).__module__.split(".")[0] not in {"httpx", "httpx2", "requests", "urllib3"}:
+            raise
+        raise DevicelabError(
+            f"{ref}: cannot reach the hub at {constants.ENDPOINT} ({type(e).__name__}); check the network, or set "
+            "HF_HUB_OFFLINE=1 to work from what was fetched before"
+        ) from None
+
+
+def _in_cache(ref: HubRef, folder: Path, chosen: list[str], commit: str) -> Resolved:
     files = [folder / n for n in chosen]
     missing = [f for f in files if not f.exists()]
     if missing:
