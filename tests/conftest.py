@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+# No test reaches the real hub (traffic stays on loopback and the namespaces the tests make): huggingface_hub and every
+# CLI the tests start talk to a closed loopback port unless a test points them at its stand-in hub
+os.environ["HF_ENDPOINT"] = "http://127.0.0.1:9"
+
 REPO = Path(__file__).resolve().parents[1]
 FIXTURES = Path(__file__).parent / "fixtures"
 
