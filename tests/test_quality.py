@@ -111,6 +111,30 @@ def test_each_model_predicted_from_the_other_and_the_error_measured(lab, smol_pa
     assert all(p["lo"] < p["value"] < p["hi"] for p in decode)
 
 
+def test_recommend_considers_a_hub_file_predicted_apart_from_the_measured(lab, smol_path, tmp_path):
+    """`recommend --consider hf:…`: SmolLM2's file on a stand-in hub (a test double: no hub is reachable here), read
+    by its header alone, predicted on the local device from Gemma's cells (its own measured cells left out), listed
+    apart and marked predicted; the measured recommendation is the same as without it."""
+    from hub_standin import Hub
+
+    d, _ = lab
+    base = json.loads(devicelab("recommend", "--lab-dir", d, "--recipe", RECIPE, "--json", check=True).stdout)
+    with Hub({"devicelab-test/smollm2": ("4" * 40, {"SmolLM2-135M-Q4_1.gguf": smol_path})}) as hub:
+        env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_OFFLINE": "0", "DEVICELAB_HOME": str(tmp_path / "home")}
+        args = ("recommend", "--lab-dir", d, "--recipe", RECIPE, "--consider", "hf:devicelab-test/smollm2")
+        got = json.loads(devicelab(*args, "--json", env=env, check=True).stdout)
+        text = devicelab(*args, env=env, check=True).stdout
+    assert all(r["status"] == 206 for r in hub.log if "/resolve/" in r["path"])
+    measured = lambda recs: [{k: v for k, v in r.items() if k != "considered"} for r in recs]
+    assert all(r["considered"] == [] for r in base) and measured(got) == measured(base), "the measured part is the same"
+    (c,) = got[0]["considered"]
+    assert c["predicted"] is True and c["quant"] == "q4_1" and "hf:devicelab-test/smollm2" in c["source"]
+    assert c["ram"]["fits"] is True and c["ram"]["weights"] == smol_path.stat().st_size
+    assert c["decode"]["refs"] == ["gemma3-270m"] and c["decode"]["lo"] < c["decode"]["value"] < c["decode"]["hi"]
+    assert c["verdict"].startswith("fits (") and "decode" in c["verdict"]
+    assert "considered — predicted, not measured, never picked:" in text and c["verdict"][:20] in text
+
+
 def test_recommendation_reproducible_from_export(lab, tmp_path):
     d, _ = lab
     out = tmp_path / "r.parquet"

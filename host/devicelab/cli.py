@@ -467,6 +467,12 @@ def results(lab_dir, recipe, export, wide, rows_sel=None):
 @click.option("--min-decode-tps", type=float, default=None)
 @click.option("--max-energy-per-token", type=float, default=None)
 @click.option("--prefer", type=click.Choice(["smallest", "fastest", "best_quality"]), default=None)
+@click.option(
+    "--consider",
+    multiple=True,
+    metavar="MODEL",
+    help="a .gguf or hf: file not measured yet: predicted beside the measured candidates, never picked",
+)
 @_JSON
 @_rows_options
 def recommend(
@@ -479,10 +485,12 @@ def recommend(
     min_decode_tps,
     max_energy_per_token,
     prefer,
+    consider,
     as_json,
     rows_sel=None,
 ):
-    """Per device: the quant to ship, and why every other one lost."""
+    """Per device: the quant to ship, and why every other one lost. --consider: models not downloaded or not measured,
+    each predicted from what the device measured of others (its interval the lab's own error), marked predicted."""
     from . import recipes
     from .recipes import RecommendSpec
 
@@ -504,8 +512,29 @@ def recommend(
         if v is not None
     }
     spec = spec.model_copy(update=over)
+    targets = [_shape_of(m) for m in consider]  # a model that cannot be read: one line before the ledger is
     rows = _load_rows(lab_dir, name, from_file, rows_sel)
-    print_recs(rows, spec, as_json=as_json)
+    considered = []
+    if targets:
+        from . import predict as pr
+
+        devices = sorted(set(rows["device"])) if "device" in rows.columns else []
+        for t in targets:
+            qs = sorted(t.files)
+            considered += pr.consider(rows, t, qs, spec.context, spec.min_decode_tps, devices)
+    print_recs(rows, spec, as_json=as_json, considered=considered)
+
+
+def _shape_of(model: str):
+    """A model not measured, for predict: a local GGUF's header, or an hf: file's header read without its weights."""
+    from . import predict as pr
+
+    if model.startswith("hf:"):
+        from .models import remote_header
+
+        header, commit = remote_header.fetch(model)
+        return pr.from_gguf(header, f"{model} (commit {commit[:12]}, read without its weights)")
+    return pr.from_gguf(Path(model))
 
 
 @main.command()
@@ -538,13 +567,8 @@ def predict(model, name, params, layers, kv_heads, head_dim, vocab, quants, devi
     given = dict(params=params, layers=layers, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab)
     if model and any(v is not None for v in given.values()):
         raise DevicelabError("predict: give a model file or describe one (--params …), not both")
-    if model and model.startswith("hf:"):
-        from .models import remote_header
-
-        header, commit = remote_header.fetch(model)
-        target = pr.from_gguf(header, f"{model} (commit {commit[:12]}, read without its weights)")
-    elif model:
-        target = pr.from_gguf(Path(model))
+    if model:
+        target = _shape_of(model)
     elif any(v is not None for v in given.values()):
         target = pr.described(name or "described", **given)
     else:

@@ -228,17 +228,35 @@ def print_wide(rows: pd.DataFrame) -> None:
     _print_table(WIDE_HEADERS, lines, title="results (best over threads)")
 
 
-def print_recs(rows: pd.DataFrame, spec: RecommendSpec, as_json: bool = False) -> None:
+def print_recs(rows: pd.DataFrame, spec: RecommendSpec, as_json: bool = False, considered: list | None = None) -> None:
+    """considered: models predicted, not measured (recommend --consider), listed apart under each device."""
     from .tables import recommendation_views
 
     recs, views = recommendation_views(rows, spec)
+    considered = considered or []
     if as_json:
-        click.echo(json.dumps([r.to_json() for r in recs], indent=1, default=str))
+        out = [r.to_json() | {"considered": [c for c in considered if c["device"] == r.device]} for r in recs]
+        click.echo(json.dumps(out, indent=1, default=str))
         return
     for v in views:
         _print_rec(v)
+        _print_considered([c for c in considered if c["device"] == v.device])
     if not recs:
         console.print("no results to recommend from")
+
+
+def _print_considered(cs: list[dict]) -> None:
+    if not cs:
+        return
+    console.print("  [bold]considered — predicted, not measured, never picked:[/]")
+    for c in cs:
+        console.print(f"  {c['model']} {c['quant']}: {c['verdict']}", markup=False)
+    from .predict import COVER
+
+    console.print(
+        f"  [dim]each predicted from this device's own cells of other models; the interval holds {COVER:.0%} of the "
+        "lab's errors (`devicelab predict --check`). Measure it: a recipe with the model (devicelab run RECIPE)[/]"
+    )
 
 
 def _print_rec(v: RecommendationView) -> None:
@@ -454,6 +472,8 @@ def _figure(metric: str, v: float | None) -> str:
 def print_predictions(target: Any, preds: list, mem: dict, context: int, as_json: bool = False) -> None:
     """`devicelab predict`: per device, each quant's RAM need against the budget, then each predicted figure with
     its interval and what it rests on — marked predicted, never a measurement."""
+    from .predict import COVER
+
     if as_json:
         click.echo(
             json.dumps(
@@ -488,7 +508,7 @@ def print_predictions(target: Any, preds: list, mem: dict, context: int, as_json
                 verdict = f"[red]too large[/] by {-m['margin'] / 2**20:.0f} MiB for {m['budget'] / 2**20:.0f}"
             console.print(f"{escape(device)} {m['quant']}: {verdict}; {escape(need)}")
         t = Table(box=None, title=f"{device}: predicted from its own cells of other models")
-        for c in ("quant", "metric", "test", "threads", "predicted", "95 % of the lab's errors", "rests on"):
+        for c in ("quant", "metric", "test", "threads", "predicted", f"{COVER:.0%} of the lab's errors", "rests on"):
             t.add_column(c)
         for p in (p for p in preds if p.device == device):
             sh = p.shape
@@ -523,6 +543,8 @@ def print_predictions(target: Any, preds: list, mem: dict, context: int, as_json
 
 def print_prediction_check(table: pd.DataFrame, errs: pd.DataFrame, few: list[str], as_json: bool = False) -> None:
     """`devicelab predict --check`: each model the lab measured predicted from the device's other models."""
+    from .predict import COVER
+
     if as_json:
         click.echo(
             json.dumps(
@@ -538,7 +560,16 @@ def print_prediction_check(table: pd.DataFrame, errs: pd.DataFrame, few: list[st
         console.print("no device measured two models: nothing to check predictions against")
         return
     t = Table(box=None, title="predictions against measurements (leave one model out)")
-    for c in ("device", "metric", "family", "cells", "models", "median error", "90 % of |error| within", "inside"):
+    for c in (
+        "device",
+        "metric",
+        "family",
+        "cells",
+        "models",
+        "median error",
+        f"{COVER:.0%} of |error| within",
+        "inside",
+    ):
         t.add_column(c)
     for _, r in table.iterrows():
         t.add_row(

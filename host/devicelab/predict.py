@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from .candidate import DEFAULT_OVERHEAD
 from .errors import DevicelabError
 
 if TYPE_CHECKING:
@@ -417,3 +418,56 @@ def device_memory(rows: pd.DataFrame, device: str) -> tuple[int | None, int | No
     c = cells(d)
     o = c[c["metric"] == "peak_rss"] if not c.empty else c
     return budget, (int(_overhead(o)) if not o.empty else None)
+
+
+# ---------------------------------------------------------------- recommend --consider
+def _headline(preds: list[Predicted], metric: str) -> Predicted | None:
+    """The figure a recommendation compares: the metric at the most threads, then the longest test."""
+    mine = [p for p in preds if p.metric == metric]
+    key = lambda p: (p.shape.get("threads") or 0, p.shape.get("n_gen") or 0, p.shape.get("n_prompt") or 0)
+    return max(mine, key=key) if mine else None
+
+
+def consider(
+    rows: pd.DataFrame, target: Shape, quants: list[str], context: int, min_decode_tps: float, devices: list[str]
+) -> list[dict]:
+    """A model not measured, as a recommendation sees it on each device: RAM need against the budget and predicted
+    decode against the speed target, with the interval, in a verdict that never claims a measurement."""
+    preds = predict(rows, target, quants, context, devices)
+    out = []
+    for device in devices:
+        budget, overhead = device_memory(rows, device)
+        for q in quants:
+            mem = ram(target, q, context, budget, overhead if overhead is not None else DEFAULT_OVERHEAD)
+            mine = [p for p in preds if p.device == device and p.quant == q]
+            dec, pre = _headline(mine, "decode_tps"), _headline(mine, "prefill_tps")
+            out.append(
+                {
+                    "predicted": True,
+                    "device": device,
+                    "model": target.name,
+                    "source": target.source,
+                    "quant": q,
+                    "ram": mem | {"overhead_measured": overhead is not None},
+                    "decode": dec.to_json() if dec else None,
+                    "prefill": pre.to_json() if pre else None,
+                    "verdict": _verdict(mem, dec, min_decode_tps),
+                }
+            )
+    return out
+
+
+def _verdict(mem: dict, dec: Predicted | None, target_tps: float) -> str:
+    mib = lambda b: f"{b / 2**20:.0f} MiB"
+    if mem["fits"] is False:
+        return f"would not fit: needs {mib(mem['need'])} > budget {mib(mem['budget'])}"
+    fits = "RAM budget unknown" if mem["fits"] is None else f"fits ({mib(mem['need'])} of {mib(mem['budget'])})"
+    if dec is None:
+        return f"{fits}; no decode to predict from on this device"
+    rng = f"{dec.lo:.1f}–{dec.hi:.1f}" if dec.lo is not None and dec.hi is not None else "interval not measured"
+    speed = f"decode {dec.value:.1f} tok/s ({rng})"
+    if dec.hi is not None and dec.hi < target_tps:
+        return f"{fits}; predicted too slow: {speed} < {target_tps:g}"
+    if dec.lo is not None and dec.lo >= target_tps:
+        return f"{fits}; {speed} ≥ {target_tps:g}; quality not predicted: measure it to judge it"
+    return f"{fits}; {speed} against the target {target_tps:g}: too close to call, measure it"
