@@ -21,6 +21,8 @@ rm -f "$fifo"; mkfifo "$fifo" || exit 125
 #                            throttle reasons beside the payload at the sampler's interval, into nvidia-smi.csv
 #   DEVICELAB_CURRENT=FILE   the device's "what runs now" file: OUTDIR is written to it while the payload runs (a
 #                            later session stops what an earlier one, killed, left running: its pids are in OUTDIR)
+#   DEVICELAB_LIMIT_S=N      stop the payload (TERM) once it has run N seconds: a payload that runs until stopped
+#                            (a sustained-speed run); stopped so, its exit status is 0 and `clock` says limit_s=N
 #   DEVICELAB_POWERMETRICS=root|sudo   macOS: powermetrics (the SoC's CPU/GPU/ANE energy, thermal pressure,
 #                            cluster clocks) beside the payload into powermetrics.plist, as root or by `sudo -n`
 spins=""
@@ -52,6 +54,14 @@ else
   "$@" > "$fifo" 2> "$outdir/stderr.txt" &
 fi
 pid=$!
+lim=""
+if [ -n "${DEVICELAB_LIMIT_S:-}" ]; then
+  # a watcher that polls each second, so it ends within a second of a payload that ends on its own
+  ( n=0
+    while [ "$n" -lt "$DEVICELAB_LIMIT_S" ] && kill -0 "$pid" 2>/dev/null; do sleep 1; n=$((n + 1)); done
+    kill -0 "$pid" 2>/dev/null && : > "$outdir/.limit" && kill "$pid" 2>/dev/null ) &
+  lim=$!
+fi
 # the sampler moves itself to a shell that paces with `read -t` (no process per tick) when this one can't
 ${DEVICELAB_SAMPLER_SHELL:-sh} "$here/sampler.sh" -o "$outdir/telemetry.csv" -p "$pid" -i "$interval" -R "$root" &
 spid=$!
@@ -64,6 +74,10 @@ while IFS= read -r line; do
   printf '%s\t%s\n' "$up" "$line"
 done < "$fifo" > "$outdir/stdout.tsv"
 wait "$pid"; rc=$?
+if [ -n "$lim" ]; then
+  wait "$lim" 2>/dev/null
+  [ -e "$outdir/.limit" ] && { rc=0; rm -f "$outdir/.limit"; echo "limit_s=$DEVICELAB_LIMIT_S" >> "$outdir/clock"; }
+fi
 [ -n "$spins" ] && kill $spins 2>/dev/null
 wait "$spid" 2>/dev/null
 # SIGTERM (a background job of this shell ignores SIGINT; sudo passes TERM on); line-buffered output

@@ -554,3 +554,35 @@ def test_a_cpu_clock_that_drops_during_the_cell_flags_it_throttled(tmp_path):
     assert s.throttled is True
     assert rows[("cpu_freq_min", "cell")].value == pytest.approx(1.2e9)
     assert 1.2e9 < rows[("cpu_freq_mean", "cell")].value < 2.0e9
+
+
+@pytest.mark.parametrize("shell", SHELLS[:1], ids=lambda s: s[0])
+def test_slices_of_a_run_carry_the_heated_zone(tmp_path, shell):
+    """A sustained run's slices (phases asking for their temperature): each its hottest reading of the heated zone
+    (2 °C a second) from the real sampler, later slices hotter; a slice between two of the sampler's slow reads
+    (thermal zones: once a second) has none, and says so; the run's own phase asks none."""
+    w = Writer(tmp_path / "root", rapl=False, battery=False)
+    tr = sample_while(w, shell, tmp_path / "root", tmp_path / "t.csv", seconds=3.0)
+    df = tr.frame
+    zone = df["sys/class/thermal/thermal_zone0/temp"].astype(float) / 1000
+    t = df["t_s"].astype(float)
+    reads = t[zone.notna()].tolist()
+    assert len(reads) >= 4, reads
+    between = (reads[1] + (reads[2] - reads[1]) / 3, reads[2] - (reads[2] - reads[1]) / 3)
+    slices = [
+        normalize.Phase("tg16@0", "window", reads[0], reads[1], temperature=True),
+        normalize.Phase("tg16@1", "window", *between, temperature=True),
+        normalize.Phase("tg16@2", "window", reads[2], reads[3], temperature=True),
+    ]
+    s = normalize.summarize(
+        tr, [*slices, normalize.Phase("tg16", "sustained", reads[0], reads[3])], (reads[0], reads[3])
+    )
+    temps = {r.test: r for r in s.rows if r.metric == "temp_max" and r.phase == "window"}
+    assert list(temps) == [p.name for p in slices]
+    for p in (slices[0], slices[2]):
+        assert temps[p.name].value == zone[(t >= p.start) & (t <= p.end)].max() and temps[p.name].n == 2
+    assert temps["tg16@2"].value > temps["tg16@0"].value + 1  # two reads later, at 2 °C a second
+    assert (
+        math.isnan(temps["tg16@1"].value) and "no temperature read inside this phase" in temps["tg16@1"].missing_reason
+    )
+    assert not [r for r in s.rows if r.metric == "temp_max" and r.phase == "sustained"]

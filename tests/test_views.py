@@ -161,6 +161,7 @@ def test_cli_and_report_render_the_same_view_rows(tmp_path):
         "quality",
         "energy",
         "roofline",
+        "sustained",
         "traces",
         "compare",
         "results",

@@ -81,6 +81,8 @@ class RecommendSpec(_Strict):
     prompt_tokens: int | None = Field(default=None, ge=1)
     gen_tokens: int | None = Field(default=None, ge=1)
     prefer: Literal["smallest", "fastest", "best_quality"] = "smallest"
+    # the decode speed held to min_decode_tps: a bench's, or a soak run's last quarter (kind: soak)
+    speed: Literal["burst", "sustained"] = "burst"
 
 
 class TelemetrySpec(_Strict):

@@ -21,6 +21,13 @@ METRIC_DEFS: dict[str, tuple[str, str | None]] = {
     "decode_tps": ("tok/s", HIGHER),
     "pg_tps": ("tok/s", HIGHER),
     "test_seconds": ("s", LOWER),
+    # sustained speed (a generation run of duration_s): per slice of the run, the first burst_s, the last quarter
+    "window_tps": ("tok/s", HIGHER),
+    "burst_tps": ("tok/s", HIGHER),
+    "sustained_tps": ("tok/s", HIGHER),
+    "stability": ("1", HIGHER),  # sustained ÷ burst
+    "time_to_throttle": ("s", HIGHER),
+    "sustained_seconds": ("s", None),
     # perplexity / KLD
     "ppl": ("1", LOWER),
     "ppl_base": ("1", None),

@@ -51,6 +51,7 @@ def explorer_data(rows: pd.DataFrame, recs, artifacts: Path | None) -> dict:
         "frontier": data.frontier(recs, rows),
         "roofline": data.roofline_points(rows),
         "traces": data.traces(rows, artifacts),
+        "sustained": data.sustained(rows),
         "notes": {"energy": data.missing(rows, "energy_per_token"), "temperature": data.missing(rows, "temp_max")},
     }
 
@@ -75,6 +76,13 @@ VIEWS = (
     ),
     ("energy", "Energy", "Energy per prompt of each candidate and decode/prefill J per token."),
     ("roofline", "Roofline", "Measured t/s against the device's memory-bandwidth (decode) or compute (prefill) limit."),
+    (
+        "sustained",
+        "Sustained speed",
+        "Each sustained run's tokens per second (solid) and hottest zone (dotted) in each slice of the run, against "
+        "the time from its start; the legend gives its stability (the last quarter's speed ÷ the first burst_s's) "
+        "and the time to its first throttle (a slice below 90 % of the burst).",
+    ),
     (
         "traces",
         "Telemetry traces",

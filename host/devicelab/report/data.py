@@ -112,6 +112,44 @@ def points(rows: pd.DataFrame) -> list[dict]:
     return out
 
 
+def sustained(rows: pd.DataFrame) -> list[dict]:
+    """Per sustained run (a cell of kind sustained): t/s and the hottest zone in each slice of the run against its
+    time from the start, with the burst, sustained and stability figures. From rows alone (an exported table too)."""
+    win = rows[(rows["phase"] == "window") & rows["metric"].isin(("window_tps", "temp_max"))]
+    out = []
+    for cell, g in win.groupby("cell_id", sort=False):
+        t = g["test"].astype(str).str.extract(r"@([\d.]+)-([\d.]+)s$").astype(float).mean(axis=1)
+        g = g.assign(t=t).sort_values("t")
+        tps, temp = g[(g["metric"] == "window_tps") & g["value"].notna()], g[g["metric"] == "temp_max"]
+        if tps.empty:
+            continue
+        one = rows[(rows["cell_id"] == cell) & (rows["phase"] == "sustained")]
+        fig = {m: _num(v) for m, v in zip(one["metric"], one["value"], strict=True)}
+        why = one.loc[one["metric"] == "time_to_throttle", "missing_reason"].dropna()
+        r = tps.iloc[0]
+        out.append(
+            {
+                **_keys(r),
+                "cell": cell,
+                "label": f"{r['device']} {r['model']} {r['quant']} {_s(r.get('test')).split('@')[0]}",
+                "t": [round(float(v), 2) for v in tps["t"]],
+                "tps": [round(float(v), 3) for v in tps["value"]],
+                "temp_t": [round(float(v), 2) for v in temp["t"][temp["value"].notna()]],
+                "temp": [round(float(v), 2) for v in temp["value"].dropna()],
+                "temp_missing": _s(temp["missing_reason"].dropna().iloc[0])
+                if temp["value"].isna().all() and len(temp)
+                else "",
+                "burst": fig.get("burst_tps"),
+                "sustained": fig.get("sustained_tps"),
+                "stability": fig.get("stability"),
+                "throttle_s": fig.get("time_to_throttle"),
+                "throttle_missing": _s(why.iloc[0]) if len(why) else "",
+                "hover": provenance(r),
+            }
+        )
+    return out
+
+
 def missing(rows: pd.DataFrame, metric: str) -> str:
     """Why a metric has no value anywhere (its rows' missing_reason), or ''."""
     m = rows[(rows["metric"] == metric) & rows["value"].isna()]

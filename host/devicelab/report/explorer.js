@@ -167,6 +167,28 @@
       "No bandwidth measurement for this selection: add a `kind: membw` payload.");
   }
 
+  function sustained() {
+    const runs = D.sustained.filter(keep);
+    const out = [];
+    for (const r of runs) {
+      const c = color(r.label);
+      const stab = r.stability == null ? "" : ` · stability ${r.stability.toFixed(2)}`;
+      const thr = r.throttle_s == null ? " · no throttle" : ` · throttled at ${r.throttle_s.toFixed(0)} s`;
+      out.push({type: "scatter", mode: "lines+markers", name: r.label + stab + thr, x: r.t, y: r.tps,
+        line: {color: c}, marker: {color: c, size: 5}, hovertext: r.t.map(() => r.hover),
+        hovertemplate: "%{y:.1f} t/s at %{x:.0f} s<br>%{hovertext}<extra></extra>"});
+      if (r.temp.length) out.push({type: "scatter", mode: "lines", name: r.label + " °C", x: r.temp_t, y: r.temp,
+        yaxis: "y2", line: {color: c, dash: "dot"}, hovertemplate: "hottest zone %{y:.1f} °C at %{x:.0f} s<extra></extra>"});
+    }
+    const noTemp = runs.filter((r) => !r.temp.length).map((r) => r.label + ": " + (r.temp_missing || "no temperature"));
+    draw("sustained", out, {height: 380, xaxis: {title: {text: "seconds from the start of the run"}},
+      yaxis: {title: {text: "decode t/s"}, rangemode: "tozero"},
+      yaxis2: {title: {text: "hottest zone °C"}, overlaying: "y", side: "right", showgrid: false, tickformat: ".1f"},
+      annotations: noTemp.length ? [{xref: "paper", yref: "paper", x: 0, y: 1.08, showarrow: false, xanchor: "left",
+        font: {size: 11, color: "#666"}, text: noTemp.join("; ")}] : []},
+      "No sustained run for this selection: add a `kind: soak` payload (duration_s: 600 on a phone).");
+  }
+
   const PHASE = {prefill: "rgba(31,119,180,0.18)", pg: "rgba(31,119,180,0.18)", decode: "rgba(255,127,14,0.22)"};
 
   function traces() {
@@ -243,7 +265,7 @@
   }
 
   function render() {
-    for (const f of [frontier, speed, quality, energy, roofline, traces]) f();
+    for (const f of [frontier, speed, quality, energy, roofline, sustained, traces]) f();
     tables();
   }
 

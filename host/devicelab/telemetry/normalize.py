@@ -33,6 +33,7 @@ class Phase:
     end: float
     tokens: int = 0
     reps: int = 0  # timed repetitions inside the window (pg tests: one prompt each)
+    temperature: bool = False  # its own hottest temperature too (a slice of a sustained run), beside its energy
 
 
 @dataclass
@@ -145,6 +146,18 @@ def _cpu_clock(tr: SamplerTrace, beside: dict) -> tuple[list[Row], bool | None]:
     ], bool(mean_t.iloc[-q:].mean() < 0.9 * mean_t.iloc[:q].mean())
 
 
+def _phase_temperature(tr: SamplerTrace, hottest: pd.Series, ph: Phase) -> Row:
+    """The hottest zone's highest reading inside the phase."""
+    t = tr.frame["t_s"].astype(float)
+    inside = hottest[(t >= ph.start) & (t <= ph.end)].dropna()
+    kw: dict[str, Any] = dict(phase=ph.kind, test=ph.name)
+    if not hottest.notna().any():
+        return missing("temp_max", NO_TEMPERATURE, **kw)
+    if inside.empty:
+        return missing("temp_max", "no temperature read inside this phase (shorter than the sampler's reads)", **kw)
+    return Row(metric="temp_max", value=float(inside.max()), n=len(inside), **kw)
+
+
 def _phase_energy(src: Energy | None, ph: Phase) -> list[Row]:
     kw: dict[str, Any] = dict(phase=ph.kind, test=ph.name if ph.kind != "cell" else "")  # every row's
     if src is None:
@@ -194,7 +207,10 @@ def summarize(
     all_phases = list(phases)
     if cell_window:
         all_phases.append(Phase("cell", "cell", cell_window[0], cell_window[1]))
+    hottest = hottest_c(tr) if any(ph.temperature for ph in all_phases) else None
     for ph in all_phases:
         rows += _phase_energy(src, ph)
+        if hottest is not None and ph.temperature:
+            rows.append(_phase_temperature(tr, hottest, ph))
     calib = src.info if src is not None and all_phases else {}
     return Summary(rows, t_start, t_end, throttled, calib)
