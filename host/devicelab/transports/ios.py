@@ -339,6 +339,11 @@ class IOSTransport(Transport):
                 f"{self.name} is an iPhone/iPad: its app runs a tool itself, not through `{' '.join(cmd.prefix)}`; "
                 "drop exec_prefix from its lab entry"
             )
+        if env and env.get("DEVICELAB_LIMIT_S"):
+            raise DevicelabError(
+                f"{self.name} is an iPhone/iPad: its app cannot stop {cmd.tool_name} at a time limit yet, so a soak "
+                "payload (sustained speed) cannot run there; drop it for this device"
+            )
         tool, targs = cmd.tool_name, list(cmd.args)
         if tool == "llama-server":
             targs = self._served(targs)
