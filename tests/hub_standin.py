@@ -16,8 +16,10 @@ from urllib.parse import unquote, urlsplit
 class Hub:
     """repos: {repo id: (commit, {file name in the repo: local path})}; revisions: {(repo, name): commit}."""
 
-    def __init__(self, repos: dict[str, tuple[str, dict[str, Path]]]):
+    def __init__(self, repos: dict[str, tuple[str, dict[str, Path]]], ranges: bool = True):
+        """ranges=False: a server that ignores Range headers (sends whole files, 200)."""
         self.repos = repos
+        self.ranges = ranges
         self.log: list[dict] = []
         self.lock = threading.Lock()
         hub = self
@@ -71,7 +73,7 @@ class Hub:
                 data = repo[1][m[3]]
                 size = data.stat().st_size
                 rng = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range") or "")
-                if not rng:
+                if not rng or not hub.ranges:
                     return self._send(200, data.read_bytes())
                 a, b = int(rng[1]), min(int(rng[2] or size - 1), size - 1)
                 with open(data, "rb") as f:

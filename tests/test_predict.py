@@ -173,8 +173,8 @@ def test_hf_bad_input_is_one_line(standin_hub, spec, line):
 
 
 def test_an_unreachable_hub_or_a_file_that_is_no_gguf_is_one_line(tmp_path, smol_path):
-    """Through the CLI as a user meets them: a hub nobody answers at (a closed port on 127.0.0.1), and a .gguf on the
-    stand-in hub whose bytes are not a GGUF."""
+    """Through the CLI as a user meets them: a hub nobody answers at (a closed port on 127.0.0.1), a .gguf on the
+    stand-in hub whose bytes are not a GGUF, and a server that ignores ranges (it would send the whole file)."""
     from hub_standin import Hub
 
     env = {"DEVICELAB_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "0"}
@@ -191,3 +191,10 @@ def test_an_unreachable_hub_or_a_file_that_is_no_gguf_is_one_line(tmp_path, smol
         )
     assert p.returncode != 0 and "not a GGUF file (its first bytes are no GGUF header)" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    with Hub({STANDIN: (COMMIT, {SMOL_FILE: smol_path})}, ranges=False) as hub:  # sends whole files
+        p = devicelab(
+            "predict", f"hf:{STANDIN}", "--lab-dir", tmp_path / "lab", env={**env, "HF_ENDPOINT": hub.endpoint}
+        )
+    assert p.returncode != 0 and "the hub answered a ranged read with 200, not 206" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not list((tmp_path / "home").rglob(SMOL_FILE)), "nothing kept of a read that was not ranged"

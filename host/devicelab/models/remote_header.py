@@ -94,19 +94,23 @@ def header_end(buf: bytes) -> int | None:
 
 def _read_part(url: str, size: int, dst: Path) -> None:
     """dst: a sparse file of `size` bytes holding the header of the file at url, read in growing ranges."""
-    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
+    from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_stream_backoff
 
     tmp = dst.with_name(dst.name + ".part")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     head, want = bytearray(), min(FIRST_RANGE, size)
     while True:
-        r = http_backoff(
-            "GET", url, headers={**build_hf_headers(), "Range": f"bytes={len(head)}-{want - 1}"}, max_retries=2
-        )
-        hf_raise_for_status(r)
-        if r.status_code != 206:  # a server that ignores Range sends the whole file: say so rather than use it
-            raise DevicelabError(f"{url}: the hub answered a ranged read with {r.status_code}, not 206")
-        head += r.content[: want - len(head)]
+        range_ = {"Range": f"bytes={len(head)}-{want - 1}"}
+        with http_stream_backoff("GET", url, headers={**build_hf_headers(), **range_}, max_retries=2) as r:
+            if r.status_code != 206:  # a server that ignores Range would send the whole file: not read, said
+                if r.status_code >= 400:
+                    r.read()  # an error's few bytes, for its message
+                    hf_raise_for_status(r)
+                raise DevicelabError(f"{url}: the hub answered a ranged read with {r.status_code}, not 206")
+            for chunk in r.iter_bytes():
+                head += chunk[: want - len(head)]
+                if len(head) >= want:
+                    break
         try:
             end = header_end(bytes(head))
         except ValueError as e:
