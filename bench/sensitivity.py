@@ -15,6 +15,7 @@ The verdict is the lab's own (`devicelab compare`'s on decode_tps): A/A found an
 positive; a planted slowdown is detected when compare calls it a regression.
 
     python bench/sensitivity.py [--aa 20] [--det 10] [--reps 8] [--cell-reps 1] [--gen 32] [--threads 1] [--lab-dir DIR]
+                                [--designs sequential,rounds]
 
 Last line: `sensitivity: aa_fp=X/20 det5=Y/10 det10=Z/10 trial_s=T` for rounds, and the same line for the
 sequential design before it (`sequential: …`)."""
@@ -45,7 +46,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "devicelab.cli", *args], capture_output=True, text=True, cwd=REPO)
 
 
-def trial(lab: Path, name: str, design: str, quota: tuple[float, float], a: argparse.Namespace) -> str:
+def trial(lab: Path, name: str, design: str, quota: tuple[float, float], a: argparse.Namespace) -> tuple[str, str]:
     """One trial of one design: run its recipe, then compare's verdict on B's quota against A's. Both designs
     measure a side for the same time: `--reps` repetitions in one cell, or `--reps` rounds of `--cell-reps`
     repetitions (the sequential cell then has reps × cell-reps)."""
@@ -65,7 +66,9 @@ def trial(lab: Path, name: str, design: str, quota: tuple[float, float], a: argp
     if p.returncode != 0:
         raise SystemExit(f"{name}: compare failed: {p.stderr.strip()[-500:]}")
     (pair,) = json.loads(p.stdout)["pairs"]
-    return str(pair["verdict"])
+    lo, hi = pair.get("ci") or (None, None)
+    ci = f"B/A {pair['ratio']:.3f}" + (f" [{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "")
+    return str(pair["verdict"]), ci
 
 
 def main() -> None:
@@ -77,7 +80,9 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=32)  # tokens a repetition generates
     ap.add_argument("--cell-reps", type=int, default=1)  # repetitions a round's cell
     ap.add_argument("--lab-dir", default=None)
+    ap.add_argument("--designs", default="sequential,rounds", help="which designs to run (tuning one: rounds)")
     a = ap.parse_args()
+    designs = [d for d in ("sequential", "rounds") if d in a.designs.split(",")]
     lab = Path(a.lab_dir or tempfile.mkdtemp(prefix="sensitivity-"))
     lab.mkdir(parents=True, exist_ok=True)
     plan = [("aa", i) for i in range(a.aa)] + [(k, i) for k in ("det5", "det10") for i in range(a.det)]
@@ -85,13 +90,13 @@ def main() -> None:
     seconds: dict[str, list[float]] = {"sequential": [], "rounds": []}
     stamp = time.strftime("%H%M%S")
     for kind, i in plan:
-        for design in ("sequential", "rounds"):
+        for design in designs:
             t0 = time.time()
-            v = trial(lab, f"s{stamp}-{kind}-{i}-{design}", design, PLANTED[kind], a)
+            v, ci = trial(lab, f"s{stamp}-{kind}-{i}-{design}", design, PLANTED[kind], a)
             seconds[design].append(time.time() - t0)
             got[design][kind].append(v)
-            print(f"{kind} #{i + 1} {design}: {v} ({seconds[design][-1]:.0f} s)", flush=True)
-    for design in ("sequential", "rounds"):
+            print(f"{kind} #{i + 1} {design}: {v}, {ci} ({seconds[design][-1]:.0f} s)", flush=True)
+    for design in designs:
         g = got[design]
         fp = sum(v != "same" for v in g["aa"])
         det = {k: sum(v == "regression" for v in g[k]) for k in ("det5", "det10")}
