@@ -14,8 +14,8 @@ same measuring time a side:
 The verdict is the lab's own (`devicelab compare`'s on decode_tps): A/A found anything but "same" is a false
 positive; a planted slowdown is detected when compare calls it a regression.
 
-    python bench/sensitivity.py [--aa 20] [--det 10] [--reps 8] [--cell-reps 1] [--gen 32] [--threads 1] [--lab-dir DIR]
-                                [--designs sequential,rounds]
+    python bench/sensitivity.py [--aa 20] [--det 10] [--reps 8] [--cell-reps 1] [--gen 128] [--threads 1]
+                                [--lab-dir DIR] [--designs sequential,rounds]
 
 Last line: `sensitivity: aa_fp=X/20 det5=Y/10 det10=Z/10 trial_s=T` for rounds, and the same line for the
 sequential design before it (`sequential: …`)."""
@@ -77,7 +77,7 @@ def main() -> None:
     ap.add_argument("--det", type=int, default=10)
     ap.add_argument("--reps", type=int, default=8)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--gen", type=int, default=32)  # tokens a repetition generates
+    ap.add_argument("--gen", type=int, default=128)  # tokens a repetition generates (32: ≈ 14 % scatter here)
     ap.add_argument("--cell-reps", type=int, default=1)  # repetitions a round's cell
     ap.add_argument("--lab-dir", default=None)
     ap.add_argument("--designs", default="sequential,rounds", help="which designs to run (tuning one: rounds)")
