@@ -16,6 +16,7 @@ import pytest
 from conftest import FIXTURES, REPO, devicelab
 
 from devicelab.errors import DevicelabError
+from devicelab.kinds import bench
 from devicelab.kinds import soak as su
 
 SHOTS = Path(os.environ.get("DEVICELAB_SCREENSHOTS") or REPO / "out" / "screenshots")
@@ -37,7 +38,7 @@ def _run(speeds: list[float], gen: int = 16, t0: float = 5000.0) -> str:
 
 def _figures(speeds, **cell):
     c = su.SoakCell(**cell)
-    rows, phases = su.summary(su.repetitions(_run(speeds, c.gen), 5000.0), c)
+    rows, phases = su.summary(su.repetitions(bench.parse(_run(speeds, c.gen)), 5000.0), c)
     return c, {(r.metric, r.test): r for r in rows}, phases
 
 

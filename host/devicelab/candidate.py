@@ -273,11 +273,8 @@ class Figures:
         heads = rows.drop_duplicates(KEY)
         facts = zip(*(heads[c] for c in FIRST), strict=True)
         first = {k: dict(zip(FIRST, v, strict=True)) for k, v in zip(_keys(heads), facts, strict=True)}
-        speed = SPEED_METRIC[spec.speed]
-        best = {
-            name: _best(rows, speed if name == "decode_tps" else metric, how, phase)
-            for name, metric, how, phase in BEST
-        }
+        metrics = {name: SPEED_METRIC[spec.speed] if name == "decode_tps" else m for name, m, _, _ in BEST}
+        best = {name: _best(rows, metrics[name], how, phase) for name, _, how, phase in BEST}
         keys = list(first)
         return cls(
             keys, first, best, _overheads(rows, first), _energies(rows, first, best, spec), _accuracies(rows, keys)

@@ -512,7 +512,7 @@ def recommend(
         if v is not None
     }
     spec = spec.model_copy(update=over)
-    targets = [_shape_of(m) for m in consider]  # a model that cannot be read: one line before the ledger is
+    targets = [_shape_of(m) for m in consider]  # a model that cannot be read: one line before the ledger is read
     rows = _load_rows(lab_dir, name, from_file, rows_sel)
     considered = []
     if targets:
@@ -556,7 +556,6 @@ def predict(model, name, params, layers, kv_heads, head_dim, vocab, quants, devi
     --layers --kv-heads --head-dim --vocab) will run on each device of the lab, and whether it fits — from what each
     device measured of other models."""
     from . import predict as pr
-    from .candidate import DEFAULT_OVERHEAD
     from .console import print_prediction_check, print_predictions
 
     if check:
@@ -581,14 +580,7 @@ def predict(model, name, params, layers, kv_heads, head_dim, vocab, quants, devi
     _lab_dir(lab_dir, must_hold_ledger=True)
     rows = _load_rows(lab_dir, None, None, dict(latest=True))
     preds = pr.predict(rows, target, qs, context, list(devices) or None)
-    mem = {}
-    for d in sorted({p.device for p in preds}):
-        budget, overhead = pr.device_memory(rows, d)
-        mem[d] = [
-            pr.ram(target, q, context, budget, overhead if overhead is not None else DEFAULT_OVERHEAD)
-            | {"overhead_measured": overhead is not None}
-            for q in qs
-        ]
+    mem = {d: pr.ram_on(rows, d, target, qs, context) for d in sorted({p.device for p in preds})}
     print_predictions(target, preds, mem, context, as_json)
 
 

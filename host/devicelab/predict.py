@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .candidate import DEFAULT_OVERHEAD
+from .candidate import DEFAULT_OVERHEAD, mib
 from .errors import DevicelabError
 
 if TYPE_CHECKING:
@@ -407,6 +407,17 @@ def ram(target: Shape, quant: str, context: int, budget: int | None, overhead: i
     }
 
 
+def ram_on(rows: pd.DataFrame, device: str, target: Shape, quants: list[str], context: int) -> list[dict]:
+    """Per quant, `ram` against this device's budget with the overhead it measured (else the default), and whether it
+    measured one."""
+    budget, overhead = device_memory(rows, device)
+    return [
+        ram(target, q, context, budget, overhead if overhead is not None else DEFAULT_OVERHEAD)
+        | {"overhead_measured": overhead is not None}
+        for q in quants
+    ]
+
+
 def device_memory(rows: pd.DataFrame, device: str) -> tuple[int | None, int | None]:
     """A device's budget for one app (its latest) and the runtime overhead it measured (median over its cells);
     None where not known."""
@@ -436,9 +447,7 @@ def consider(
     preds = predict(rows, target, quants, context, devices)
     out = []
     for device in devices:
-        budget, overhead = device_memory(rows, device)
-        for q in quants:
-            mem = ram(target, q, context, budget, overhead if overhead is not None else DEFAULT_OVERHEAD)
+        for q, mem in zip(quants, ram_on(rows, device, target, quants, context), strict=True):
             mine = [p for p in preds if p.device == device and p.quant == q]
             dec, pre = _headline(mine, "decode_tps"), _headline(mine, "prefill_tps")
             out.append(
@@ -448,7 +457,7 @@ def consider(
                     "model": target.name,
                     "source": target.source,
                     "quant": q,
-                    "ram": mem | {"overhead_measured": overhead is not None},
+                    "ram": mem,
                     "decode": dec.to_json() if dec else None,
                     "prefill": pre.to_json() if pre else None,
                     "verdict": _verdict(mem, dec, min_decode_tps),
@@ -458,7 +467,6 @@ def consider(
 
 
 def _verdict(mem: dict, dec: Predicted | None, target_tps: float) -> str:
-    mib = lambda b: f"{b / 2**20:.0f} MiB"
     if mem["fits"] is False:
         return f"would not fit: needs {mib(mem['need'])} > budget {mib(mem['budget'])}"
     fits = "RAM budget unknown" if mem["fits"] is None else f"fits ({mib(mem['need'])} of {mib(mem['budget'])})"

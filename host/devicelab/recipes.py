@@ -84,6 +84,11 @@ class RecommendSpec(_Strict):
     # the decode speed held to min_decode_tps: a bench's, or a soak run's last quarter (kind: soak)
     speed: Literal["burst", "sustained"] = "burst"
 
+    @property
+    def decode_label(self) -> str:
+        """The decode speed min_decode_tps holds, in words."""
+        return "sustained decode" if self.speed == "sustained" else "decode"
+
 
 class TelemetrySpec(_Strict):
     interval_ms: int = Field(default=100, ge=10, le=10000)

@@ -90,13 +90,11 @@ def ppl_bar(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
 
 
 def speed_target(c: Candidate, spec: RecommendSpec, tasks) -> list[str]:
-    which = "sustained decode" if spec.speed == "sustained" else "decode"
     if c.decode_tps is None:
-        return [
-            f"no {which} speed measured" + (" (a sustained run: kind sustained)" if spec.speed == "sustained" else "")
-        ]
+        run = " (a payload of kind soak measures it)" if spec.speed == "sustained" else ""
+        return [f"no {spec.decode_label} speed measured{run}"]
     if c.decode_tps < spec.min_decode_tps:
-        return [f"{which} {c.decode_tps:.1f} tok/s < {spec.min_decode_tps}"]
+        return [f"{spec.decode_label} {c.decode_tps:.1f} tok/s < {spec.min_decode_tps}"]
     return []
 
 

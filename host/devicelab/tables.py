@@ -336,10 +336,9 @@ def _kv(r: DeviceRecommendation, rows: pd.DataFrame) -> Table | None:
 
 def constraints_line(spec: RecommendSpec) -> str:
     drop = f", ≤ {spec.max_accuracy_drop:g} points below the base per task" if spec.max_accuracy_drop else ""
-    speed = "sustained decode" if spec.speed == "sustained" else "decode"
     return (
         f"constraints: context {spec.context}, mean KLD ≤ {spec.max_kld_mean}, PPL ratio ≤ "
-        f"{spec.max_ppl_ratio}, {speed} ≥ {spec.min_decode_tps} tok/s, RAM within the device's budget, "
+        f"{spec.max_ppl_ratio}, {spec.decode_label} ≥ {spec.min_decode_tps} tok/s, RAM within the device's budget, "
         f"energy ≤ {spec.max_energy_per_token or NONE} J/tok{drop}; prefer {spec.prefer}"
     )
 

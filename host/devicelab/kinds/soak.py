@@ -12,7 +12,6 @@ THROTTLE × burst (missing, with the reason, where none did)."""
 from __future__ import annotations
 
 import math
-import statistics
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -50,11 +49,11 @@ class SoakSpec(Spec, SoakCell):
         return self
 
 
-def repetitions(stdout_tsv: str, start: float) -> list[tuple[float, float, float, int]]:
-    """(start, end, tok/s, tokens) of each repetition, on the run's clock from its start (its line's arrival time
-    less its own duration)."""
+def repetitions(tests: list[bench.BenchTest], start: float) -> list[tuple[float, float, float, int]]:
+    """(start, end, tok/s, tokens) of each repetition (bench.parse's tests), on the run's clock from its start (its
+    line's arrival time less its own duration)."""
     out = []
-    for bt in bench.parse(stdout_tsv):
+    for bt in tests:
         w = bt.window()
         if w is None or bt.kind != "decode":
             continue
@@ -143,10 +142,12 @@ class Soak(Kind[SoakCell]):
         win = a.main.window
         if win is None:
             raise DevicelabError("the soak run kept no clock (run_payload.sh's clock file); it cannot be timed")
-        rows, phases = summary(repetitions(a.main.stdout, win[0]), c)
+        tests = bench.parse(a.main.stdout)
+        rows, phases = summary(repetitions(tests, win[0]), c)
         for p in phases:  # the telemetry's clock is the device's
             p.start, p.end = p.start + win[0], p.end + win[0]
-        threads = {int(t.record["n_threads"]) for t in bench.parse(a.main.stdout) if t.record.get("n_threads")}
+        # one -t for every queued test: the threads the first record says
+        threads = next((int(t.record["n_threads"]) for t in tests if t.record.get("n_threads") is not None), None)
         for r in rows:
-            r.threads = statistics.mode(threads) if threads else None
+            r.threads = threads
         return Parsed(rows, phases)

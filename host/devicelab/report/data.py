@@ -113,9 +113,10 @@ def points(rows: pd.DataFrame) -> list[dict]:
 
 
 def sustained(rows: pd.DataFrame) -> list[dict]:
-    """Per sustained run (a cell of kind sustained): t/s and the hottest zone in each slice of the run against its
+    """Per sustained run (a cell of kind soak): t/s and the hottest zone in each slice of the run against its
     time from the start, with the burst, sustained and stability figures. From rows alone (an exported table too)."""
     win = rows[(rows["phase"] == "window") & rows["metric"].isin(("window_tps", "temp_max"))]
+    runs = dict(tuple(rows[rows["phase"] == "sustained"].groupby("cell_id", sort=False)))
     out = []
     for cell, g in win.groupby("cell_id", sort=False):
         t = g["test"].astype(str).str.extract(r"@([\d.]+)-([\d.]+)s$").astype(float).mean(axis=1)
@@ -123,7 +124,7 @@ def sustained(rows: pd.DataFrame) -> list[dict]:
         tps, temp = g[(g["metric"] == "window_tps") & g["value"].notna()], g[g["metric"] == "temp_max"]
         if tps.empty:
             continue
-        one = rows[(rows["cell_id"] == cell) & (rows["phase"] == "sustained")]
+        one = runs.get(cell, rows.iloc[0:0])
         fig = {m: _num(v) for m, v in zip(one["metric"], one["value"], strict=True)}
         why = one.loc[one["metric"] == "time_to_throttle", "missing_reason"].dropna()
         r = tps.iloc[0]

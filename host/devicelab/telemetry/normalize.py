@@ -146,12 +146,11 @@ def _cpu_clock(tr: SamplerTrace, beside: dict) -> tuple[list[Row], bool | None]:
     ], bool(mean_t.iloc[-q:].mean() < 0.9 * mean_t.iloc[:q].mean())
 
 
-def _phase_temperature(tr: SamplerTrace, hottest: pd.Series, ph: Phase) -> Row:
-    """The hottest zone's highest reading inside the phase."""
-    t = tr.frame["t_s"].astype(float)
-    inside = hottest[(t >= ph.start) & (t <= ph.end)].dropna()
+def _phase_temperature(t: pd.Series, hottest: pd.Series, ph: Phase) -> Row:
+    """The hottest zone's highest reading inside the phase (t: the trace's tick times; hottest: read ticks only)."""
+    inside = hottest[(t >= ph.start) & (t <= ph.end)]
     kw: dict[str, Any] = dict(phase=ph.kind, test=ph.name)
-    if not hottest.notna().any():
+    if hottest.empty:
         return missing("temp_max", NO_TEMPERATURE, **kw)
     if inside.empty:
         return missing("temp_max", "no temperature read inside this phase (shorter than the sampler's reads)", **kw)
@@ -207,10 +206,11 @@ def summarize(
     all_phases = list(phases)
     if cell_window:
         all_phases.append(Phase("cell", "cell", cell_window[0], cell_window[1]))
-    hottest = hottest_c(tr) if any(ph.temperature for ph in all_phases) else None
+    hottest = hottest_c(tr).dropna() if any(ph.temperature for ph in all_phases) else None
+    t = tr.frame["t_s"].astype(float).loc[hottest.index] if hottest is not None else None
     for ph in all_phases:
         rows += _phase_energy(src, ph)
-        if hottest is not None and ph.temperature:
-            rows.append(_phase_temperature(tr, hottest, ph))
+        if hottest is not None and t is not None and ph.temperature:
+            rows.append(_phase_temperature(t, hottest, ph))
     calib = src.info if src is not None and all_phases else {}
     return Summary(rows, t_start, t_end, throttled, calib)
