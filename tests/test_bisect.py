@@ -98,11 +98,16 @@ def _rev(repo, rev) -> str:
 
 
 def _git(repo, *args):
+    """git with a fixed author and clock: the same history has the same commits in every run of the suite, so a
+    suite run on a machine that keeps its caches finds each commit's build made (a first run builds each, ccache
+    compiling only what changed)."""
+    fixed = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
     subprocess.run(
         ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
         check=True,
         capture_output=True,
         timeout=600,
+        env={**os.environ, **fixed},
     )
 
 
@@ -211,3 +216,34 @@ def test_bisect_names_the_commit_and_resumes_after_sigkill(tmp_path, history, ho
         assert good in set(step.build_commit) and step.build_commit.nunique() == 2
         rounds = step.groupby("build_commit")["round"].apply(lambda r: sorted(set(r.astype(int)))).tolist()
         assert rounds[0] == rounds[1] and rounds[0] in [list(range(1, n + 1)) for n in (4, 8, 16)]
+
+
+def _tiny_clone(repo, marker: str) -> None:
+    """A llama.cpp-shaped tree (what resolve looks for) of one commit whose CMakeLists.txt holds `marker`."""
+    for d in ("ggml", "tools"):
+        (repo / d).mkdir(parents=True, exist_ok=True)
+        (repo / d / "x").write_text(marker)
+    (repo / "CMakeLists.txt").write_text(f"# {marker}\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", marker)
+
+
+def test_a_clone_deleted_and_cloned_again_at_its_path_is_checked_out_anew(tmp_path, monkeypatch):
+    """devicelab's worktree of a clone is keyed by the clone's path: a clone deleted and made again there (as CI's
+    suite remakes its history at the same temporary path, with caches kept) has none of the old worktree's records,
+    and its revisions are still checked out — from a fresh worktree, not the stale one's 'not a git repository'."""
+    from devicelab.build import source
+
+    monkeypatch.setenv("DEVICELAB_HOME", str(tmp_path / "home"))
+    repo = tmp_path / "llama.cpp"
+    _tiny_clone(repo, "first clone")
+    first = source.resolve(f"git:{repo}@HEAD")
+    assert "first clone" in (first.path / "CMakeLists.txt").read_text()
+    shutil.rmtree(repo)
+    _tiny_clone(repo, "second clone")
+    second = source.resolve(f"git:{repo}@HEAD")
+    assert second.path == first.path and second.commit == _rev(repo, "HEAD") != first.commit
+    assert "second clone" in (second.path / "CMakeLists.txt").read_text()
+    with source.checked_out(second):  # what a build holds while it compiles: the same worktree, still sound
+        assert "second clone" in (second.path / "CMakeLists.txt").read_text()

@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -190,6 +191,12 @@ def _worktree(repo: Path) -> Path:
     return paths.sub("sources") / f"git-{hashlib.sha256(str(repo).encode()).hexdigest()[:12]}"
 
 
+def _worktree_of(wt: Path, repo: Path) -> bool:
+    """Whether `wt` is a worktree of this very repository (its git folder is the repository's)."""
+    common = [_git(d, "rev-parse", "--path-format=absolute", "--git-common-dir") for d in (wt, repo)]
+    return all(r.returncode == 0 for r in common) and common[0].stdout.strip() == common[1].stdout.strip()
+
+
 def _git_checkout(repo: Path, commit: str) -> Path:
     """The repository at `commit`, in one worktree per repository under DEVICELAB_HOME/sources, checked out in
     place: every revision's build then sees the same source paths, so ccache reuses what did not change. The
@@ -200,6 +207,8 @@ def _git_checkout(repo: Path, commit: str) -> Path:
 
 def _checkout_held(repo: Path, commit: str) -> Path:
     wt = _worktree(repo)  # a checkout rewrites only the files that differ: an unchanged file keeps its time
+    if (wt / ".git").exists() and not _worktree_of(wt, repo):
+        shutil.rmtree(wt)  # the worktree of an earlier clone at this path (deleted and cloned again): made anew
     if not (wt / ".git").exists():
         _git(repo, "worktree", "prune")
         r = _git(repo, "worktree", "add", "--detach", "--force", str(wt), commit)
