@@ -93,6 +93,8 @@ class Writer(threading.Thread):
                     _write(self.ps / self.counter, int(3_000_000 - q))
         if self.rapl:
             v = int(P_RAPL * 1e6 * t) % RAPL_RANGE
+            while v in self.rapl_at:  # a value is written once (1 µJ later where a later wrap would repeat one), so
+                v = (v + 1) % RAPL_RANGE  # a value read names the one moment it was written (CI once hit a repeat)
             self.rapl_at[v] = t  # when each value was written: a read is as old as its value, on a busy machine too
             _write(self.rp / "energy_uj", v)
         _write(self.tz / "temp", int(45_000 + self.temp_slope * t))
@@ -179,7 +181,9 @@ def test_energy_units_signs_and_wraparound(tmp_path, shell, reader):
     # P_RAPL over the time between the first and the last value read (when the writer wrote them: a writer held
     # up by a busy machine leaves the sampler reading older values, which the sampler cannot know)
     e = rows[("energy", "cell")].value
-    written = w.rapl_at[int(raw.iloc[-1])] - w.rapl_at[int(raw.iloc[0])]
+    when = [w.rapl_at[int(v)] for v in raw]
+    assert when == sorted(when), "the sampler read the counter's values in the order they were written"
+    written = when[-1] - when[0]
     assert e == pytest.approx(P_RAPL * written, rel=0.01)
     assert rows[("power_mean", "cell")].value == pytest.approx(P_RAPL * written / (t1 - t0), rel=0.01)
     assert written == pytest.approx(t1 - t0, abs=1.0)
