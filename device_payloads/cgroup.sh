@@ -10,21 +10,14 @@ if [ "$act" = remove ]; then
   [ -d "$d" ] || exit 0
   procs=cgroup.procs; [ -e "$d/$procs" ] || procs=tasks
   # a payload's last process leaves the cgroup a moment after it has exited, and the kernel refuses to remove a
-  # cgroup that still holds one (EBUSY): wait until it is empty (≤ 10 s), then move what is left to the parent
-  i=0
-  # (cgroup files read as size 0: their contents are read, not their size)
-  while [ -n "$(cat "$d/$procs" 2>/dev/null)" ] && [ $i -lt 100 ]; do
-    sleep 0.1 2>/dev/null || sleep 1
-    i=$((i + 1))
-  done
-  if [ -n "$(cat "$d/$procs" 2>/dev/null)" ]; then
-    while read -r pid; do echo "$pid" > "${d%/*}/$procs" 2>/dev/null; done < "$d/$procs"
-  fi
+  # cgroup that still holds one (EBUSY): tried again for 10 s, then what is left is moved to the parent, 5 s more
   i=0
   until rmdir "$d" 2>/dev/null; do
     i=$((i + 1))
-    if [ $i -ge 50 ]; then
-      echo "could not remove $d: $(cat "$d/$procs" 2>/dev/null | wc -l) processes in it" >&2; exit 1
+    if [ $i -eq 100 ]; then
+      while read -r pid; do echo "$pid" > "${d%/*}/$procs" 2>/dev/null; done < "$d/$procs"
+    elif [ $i -ge 150 ]; then
+      echo "could not remove $d: $(wc -l < "$d/$procs" 2>/dev/null) processes in it" >&2; exit 1
     fi
     sleep 0.1 2>/dev/null || sleep 1
   done
