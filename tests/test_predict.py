@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from conftest import devicelab
 
@@ -42,6 +43,35 @@ def test_a_gguf_header_gives_the_shape_and_its_own_file(smol_path):
     assert shape.kv_bytes_per_token == info.kv_cache_bytes(1)  # the same KV as the lab's rows carry
     assert shape.n_layer == 30 and shape.n_head_kv == 3 and shape.n_params == info.n_params
     assert shape.weights("q4_1") == (smol_path.stat().st_size, "the file's size")
+
+
+def test_a_prompt_token_multiplies_the_blocks_parameters(smol_path):
+    """Prefill scales by the repeating blocks' parameters: the real SmolLM2 file's tensors outside `blk.*` are its
+    token embedding (looked up; tied, so also the head, run for a prompt's last token only) and the final norm."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: int(t.n_elements) for t in GGUFReader(str(smol_path)).tensors}
+    info = gguf_info.read(smol_path)
+    assert set(k for k in tensors if not k.startswith("blk.")) == {"token_embd.weight", "output_norm.weight"}
+    assert info.n_params_blocks == info.n_params - tensors["token_embd.weight"] - tensors["output_norm.weight"]
+    assert info.n_params_blocks == 30 * sum(n for k, n in tensors.items() if k.startswith("blk.0."))  # 30 alike
+    assert pr.from_gguf(smol_path).n_params_blocks == info.n_params_blocks
+
+
+def test_prefill_rests_on_the_blocks_parameters_where_every_header_gave_them():
+    """The arithmetic of one prefill prediction: a reference's t/s × its parameters ÷ the target's — the blocks'
+    where the target and every reference know them, else all parameters, and the basis says which."""
+    shape = {"backend": "cpu", "threads": 2, "n_prompt": 64, "n_gen": 0, "n_depth": 0}
+    ref = {"device": "d", "model": "ref", "quant": "q8_0", "metric": "prefill_tps", **shape, "value": 500.0}
+    ref |= {"model_bytes": 1e8, "n_params": 1.35e8, "n_params_blocks": 1.06e8, "kv": 0}
+    refs = pd.DataFrame([ref])
+    got, how, models = pr.predict_one(refs, "prefill_tps", "q8_0", shape, 2.5e8, 2.68e8, 0, 1.0e8)
+    assert got == pytest.approx(500 * 1.06e8 / 1.0e8) and how.startswith("block parameters") and models == ["ref"]
+    got, how, _ = pr.predict_one(refs, "prefill_tps", "q8_0", shape, 2.5e8, 2.68e8, 0, None)  # target unknown
+    assert got == pytest.approx(500 * 1.35e8 / 2.68e8) and how.startswith("parameters (the blocks' not known)")
+    refs = pd.DataFrame([ref | {"n_params_blocks": float("nan")}])  # a row of an older devicelab
+    got, how, _ = pr.predict_one(refs, "prefill_tps", "q8_0", shape, 2.5e8, 2.68e8, 0, 1.0e8)
+    assert got == pytest.approx(500 * 1.35e8 / 2.68e8) and "not known" in how
 
 
 def test_families():

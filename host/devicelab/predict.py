@@ -9,7 +9,10 @@ Per device, from the cells it measured of other models (same backend, threads an
 the same quant family, else any quant — each prediction names what it rests on):
 - decode reads every weight once a token, plus the KV cache so far: the bytes a second a reference cell moved,
   t/s × (weights + KV bytes a token × context), divided by the target's bytes a token;
-- prefill is compute: t/s × parameters of the references, divided by the target's parameters;
+- prefill is compute: t/s × the references' parameters a prompt token is multiplied by, divided by the target's —
+  the repeating blocks' parameters where both headers gave them (the token embedding is looked up, not multiplied,
+  and the output head runs for a prompt's last token only: Gemma 3 270M's 262 k-token embedding is 63 % of its
+  parameters), else all parameters;
 - peak RSS is weights + KV at the cell's context + the runtime overhead the device measured (peak RSS − weights − KV
   of the references).
 
@@ -92,6 +95,7 @@ class Shape:
     n_vocab: int
     source: str  # where the shape came from, in words
     files: dict[str, int] = field(default_factory=dict)  # quant -> bytes of a real file
+    n_params_blocks: int | None = None  # the repeating blocks' parameters (GGUF tensors blk.*), where known
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -164,6 +168,7 @@ def from_info(info: gguf_info.ModelInfo, source: str | None = None) -> Shape:
         int(info.n_vocab or 0),
         f"the GGUF header of {path}",
         files,
+        info.n_params_blocks,
     )
 
 
@@ -178,7 +183,7 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
     if rows.empty or not need <= set(rows.columns):
         return pd.DataFrame()
     r = rows[rows["metric"].isin(METRICS) & pd.to_numeric(rows["value"], errors="coerce").notna()].copy()
-    for c in (*SHAPE_COLS, "model_bytes", "n_params", "kv_bytes_per_token"):
+    for c in (*SHAPE_COLS, "model_bytes", "n_params", "n_params_blocks", "kv_bytes_per_token"):
         r[c] = pd.to_numeric(r[c], errors="coerce") if c in r.columns else np.nan
     r["backend"] = rows["backend"].astype("string") if "backend" in rows.columns else ""
     r["value"] = pd.to_numeric(r["value"], errors="coerce").astype(float)
@@ -199,6 +204,7 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
         value=("value", "mean"),
         model_bytes=("model_bytes", "max"),
         n_params=("n_params", "max"),
+        n_params_blocks=("n_params_blocks", "max"),
         kv=("kv_bytes_per_token", "max"),
     ).reset_index()
     out["kv"] = out["kv"].fillna(0)
@@ -215,13 +221,18 @@ def _ctx(c) -> float:
     return float(c["n_depth"]) + float(c["n_prompt"]) + float(c["n_gen"]) / 2
 
 
-def _scale(c, metric: str) -> float:
-    """What a reference cell's figure is divided by the target's (bytes a token, parameters) — its `effort`."""
+def _scale(c, metric: str, blocks: bool = False) -> float:
+    """What a reference cell's figure is divided by the target's (bytes a token, parameters a prompt token
+    multiplies: the blocks' where `blocks`) — its `effort`."""
     if metric == "decode_tps":
         return float(c["model_bytes"]) + float(c["kv"]) * _ctx(c)
     if metric == "prefill_tps":
-        return float(c["n_params"])
+        return float(c["n_params_blocks"] if blocks else c["n_params"])
     raise ValueError(metric)
+
+
+def _known(v) -> bool:
+    return v is not None and not (isinstance(v, float) and math.isnan(v)) and bool(v)
 
 
 @dataclass
@@ -242,10 +253,18 @@ class Predicted:
 
 
 def predict_one(
-    refs: pd.DataFrame, metric: str, quant: str, shape: dict, weights: int, n_params: int, kv: int
+    refs: pd.DataFrame,
+    metric: str,
+    quant: str,
+    shape: dict,
+    weights: int,
+    n_params: int,
+    kv: int,
+    n_params_blocks: int | None = None,
 ) -> tuple[float, str, list[str]] | None:
-    """One figure for a target (weights, parameters, KV bytes a token) at `shape` (backend, threads, n_prompt,
-    n_gen, n_depth) from a device's reference cells, with what it rests on; None where nothing matches."""
+    """One figure for a target (weights, parameters — its blocks' where known —, KV bytes a token) at `shape`
+    (backend, threads, n_prompt, n_gen, n_depth) from a device's reference cells, with what it rests on; None where
+    nothing matches."""
     same = refs[refs["metric"] == metric]
     for c in SHAPE_COLS:
         if c in shape:
@@ -267,14 +286,17 @@ def predict_one(
         )
         if pick.any()
     )
-    effort = use.apply(lambda c: _scale(c, metric), axis=1)
+    # prefill: the blocks' parameters where the target's and every reference's header gave them
+    blocks = _known(n_params_blocks) and bool(use["n_params_blocks"].map(_known).all())
+    effort = use.apply(lambda c: _scale(c, metric, blocks), axis=1)
     per = float(np.median(use["value"] * effort))
     if metric == "decode_tps":
         target = weights + kv * _ctx(shape)
         how = f"bytes a second its decode moved on {label} ({per / 1e9:.2f} GB/s)"
     else:
-        target = n_params
-        how = f"parameters × tokens a second of its prefill on {label}"
+        target = float(n_params_blocks if blocks and n_params_blocks else n_params)
+        what = "block parameters" if blocks else "parameters (the blocks' not known)"
+        how = f"{what} × tokens a second of its prefill on {label}"
     models = sorted(set(use["model"]))
     return per / target, how, models
 
@@ -293,7 +315,14 @@ def errors(c: pd.DataFrame) -> pd.DataFrame:
         for _, cell in mine.iterrows():
             shape = {k: cell[k] for k in SHAPE_COLS}
             got = predict_one(
-                others, cell["metric"], cell["quant"], shape, cell["model_bytes"], cell["n_params"], cell["kv"]
+                others,
+                cell["metric"],
+                cell["quant"],
+                shape,
+                cell["model_bytes"],
+                cell["n_params"],
+                cell["kv"],
+                cell["n_params_blocks"],
             )
             if got is None or not got[0] or not cell["value"]:
                 continue
@@ -379,7 +408,16 @@ def predict(
             weights, _ = target.weights(q)
             for _, s in shapes.iterrows():
                 shape = {k: s[k] for k in SHAPE_COLS}
-                got = predict_one(refs, s["metric"], q, shape, weights, target.n_params, target.kv_bytes_per_token)
+                got = predict_one(
+                    refs,
+                    s["metric"],
+                    q,
+                    shape,
+                    weights,
+                    target.n_params,
+                    target.kv_bytes_per_token,
+                    target.n_params_blocks,
+                )
                 if got is None:
                     continue
                 value, how, models = got

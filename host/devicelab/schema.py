@@ -147,6 +147,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("model_bytes", "int", CELL, "B"),
     Column("bpw", "real", CELL, "bit/weight"),
     Column("n_params", "int", CELL),
+    Column("n_params_blocks", "int", CELL),
+    Column("n_layer", "int", CELL),
     Column("kv_bytes_per_token", "int", CELL, "B/tok"),
     Column("tensor_types", "json", CELL, fact=True),
     Column("base_note", "text", CELL, fact=True),

@@ -38,6 +38,9 @@ class ModelInfo:
     tensor_types: dict = field(default_factory=dict)  # type -> tensor count
     tensor_type_bytes: dict = field(default_factory=dict)  # type -> bytes of tensor data
     tensor_type_params: dict = field(default_factory=dict)  # type -> parameters
+    # parameters of the repeating blocks (tensors `blk.*`): what a prompt token is multiplied by — the token
+    # embedding is looked up, and the output head runs for the last token of a prompt only
+    n_params_blocks: int | None = None
 
     @property
     def bpw(self) -> float:
@@ -139,6 +142,7 @@ def read(path: Path) -> ModelInfo:
     tbytes: Counter[str] = Counter()
     tparams: Counter[str] = Counter()
     n_params = 0
+    n_blocks = 0
     parts = split_parts(path, _field(r, "split.count", 1) or 1)
     size = sum(p.stat().st_size for p in parts)
     for rr in [r] + [GGUFReader(str(p)) for p in parts[1:]]:
@@ -148,6 +152,7 @@ def read(path: Path) -> ModelInfo:
             tbytes[ty] += int(t.n_bytes)
             tparams[ty] += int(t.n_elements)
             n_params += int(t.n_elements)
+            n_blocks += int(t.n_elements) if t.name.startswith("blk.") else 0
     n_head = a("attention.head_count")
     n_embd = a("embedding_length")
     n_head_kv = a("attention.head_count_kv")
@@ -167,6 +172,7 @@ def read(path: Path) -> ModelInfo:
         arch=arch,
         name=str(_field(r, "general.name", path.stem)),
         n_params=n_params,
+        n_params_blocks=n_blocks or None,
         file_type=_field(r, "general.file_type"),
         n_layer=a("block_count"),
         n_embd=n_embd,
