@@ -6,6 +6,7 @@ significant change (noise is not a regression), while a real difference (two qua
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -242,10 +243,15 @@ def two_runs(tmp_path_factory, host_build, smol_path):
 
 
 def test_noise_is_not_a_regression(two_runs):
-    """Two runs of one build a minute apart: no change is claimed. Repetitions measure the noise within a run; between
-    two runs this 2-core VM's speeds move further even when nothing else runs (decode 112.6 vs 92.0 tok/s, each
-    ± 5–8 %, seen on a quiet machine; README: pair noise 8–20 %), so the smallest effect that counts is set above
-    that (--min-effect 0.25), as a user of a shared machine must; what other processes did is `host busy`."""
+    """Two runs of one build a minute apart, one run a side. Repetitions measure the noise within a run; between two
+    runs this 2-core VM's speeds move further even when nothing else runs (decode 112.6 vs 92.0 tok/s, each ± 5–8 %,
+    on a quiet machine; a CI run once had tg16 31 % slower in the second run), so whether two such runs differ by
+    more than any threshold is luck, and this test asserts nothing that waits on it: that no change is claimed
+    between two measurements of one build is asserted where they are measured in rounds
+    (test_the_same_file_twice_in_rounds_is_no_change, at 15 %). Here: every speed pair is tested over its
+    repetitions; a pair is called a change only where it is significant, at least --min-effect (0.25) and beyond the
+    run-to-run floor the ledger learnt from noise-c and noise-d — two runs, one degree of freedom, so Student's
+    t(1) = 12.7 × √2 × their scatter; a pair measured while other processes loaded the machine is `host busy`."""
     p = devicelab(
         "compare",
         "--lab-dir",
@@ -264,8 +270,12 @@ def test_noise_is_not_a_regression(two_runs):
     assert cmp["pairs"] and not cmp["only_a"] and not cmp["only_b"]
     speeds = [x for x in cmp["pairs"] if x["metric"] in ("prefill_tps", "decode_tps")]
     assert len(speeds) == 4 and all(x["p"] is not None for x in speeds)  # tested over the repetitions
-    # no change is claimed; a pair measured while something else loaded this shared machine is not judged
-    assert [x for x in cmp["pairs"] if x["verdict"] in ("gain", "regression")] == []
+    # a change is claimed only beyond the effect asked for and the ledger's run-to-run floor; a pair measured while
+    # something else loaded this shared machine is not judged
+    for x in cmp["pairs"]:
+        if x["verdict"] in ("gain", "regression", "changed"):
+            assert x["p_adj"] < 0.05 and abs(x["ratio"] - 1) >= max(0.25, x["noise_floor"] or 0.0), x
+            assert x["noise_floor"] is None or x["noise_runs"] == 2, x
     assert all((x["verdict"] == "host busy") == (max(x["host_busy"]) >= 0.2) for x in speeds), speeds
     # the same run, quant against quant: a real difference is found (q4_1's prefill is about half q8_0's here)
     p = devicelab(
@@ -289,8 +299,9 @@ def test_noise_is_not_a_regression(two_runs):
 
 def test_one_run_a_side_learns_the_noise_between_runs_from_the_ledger(two_runs):
     """noise-a against noise-b, one run a side: the ledger also holds the same build measured in noise-c and noise-d
-    (and noise-busy, left out: measured beside a busy loop), so each speed pair's floor is 2.77 × those runs'
-    scatter (the compared runs are not their own yardstick), and no change smaller than it is claimed."""
+    (and noise-busy, left out: measured beside a busy loop), so each speed pair's floor is t(1) × √2 = 17.96 × those
+    runs' scatter (two runs of one build: one degree of freedom; the compared runs are not their own yardstick), and
+    no change smaller than it is claimed."""
     p = devicelab(
         "compare", "--lab-dir", two_runs, "--a", "recipe=noise-a", "--b", "recipe=noise-b", "--format", "json"
     )
@@ -304,8 +315,8 @@ def test_one_run_a_side_learns_the_noise_between_runs_from_the_ledger(two_runs):
         if learnt is None:  # noise-c or noise-d itself measured on a busy host: nothing learnt, nothing claimed
             assert x["noise_floor"] is None
             continue
-        assert learnt.runs == 2 and x["noise_runs"] == 2
-        assert x["noise_floor"] == pytest.approx(cmpmod.NOISE_Z * learnt.rel_sd)
+        assert learnt.runs == 2 and x["noise_runs"] == 2 and learnt.df == 1
+        assert x["noise_floor"] == pytest.approx(17.96 * learnt.rel_sd, rel=1e-3) == learnt.floor
         if x["verdict"] in ("gain", "regression"):
             assert abs(x["ratio"] - 1) >= x["noise_floor"], x
     table = devicelab("compare", "--lab-dir", two_runs, "--a", "recipe=noise-a", "--b", "recipe=noise-b").stdout
@@ -452,7 +463,7 @@ def test_one_run_a_side_is_judged_against_the_ledgers_run_to_run_noise():
     )
     noise = cmpmod.run_noise(history)
     (got,) = noise.values()
-    assert list(noise) == [("x", "decode_tps")] and got.runs == 4 and got.keys == 1
+    assert list(noise) == [("x", "decode_tps")] and got.runs == 4 and got.keys == 1 and got.df == 3
     assert got.rel_sd == pytest.approx(np.std([100, 105, 95, 101], ddof=1) / 100.25, rel=0.15)
 
     sides = cmpmod.Side.parse("run=a"), cmpmod.Side.parse("run=b")
@@ -460,7 +471,9 @@ def test_one_run_a_side_is_judged_against_the_ledgers_run_to_run_noise():
     assert cmpmod.compare(a, b, *sides).pairs[0].verdict == cmpmod.REGRESSION  # the repetitions alone
     cmp = cmpmod.compare(a, b, *sides, noise=noise)
     (pair,) = cmp.pairs
-    assert pair.verdict == cmpmod.SAME and pair.noise_floor == pytest.approx(cmpmod.NOISE_Z * got.rel_sd)
+    # four runs: three degrees of freedom, t(3) = 3.18
+    assert pair.verdict == cmpmod.SAME
+    assert pair.noise_floor == pytest.approx(3.182 * math.sqrt(2) * got.rel_sd, rel=1e-3)
     assert "run-to-run noise the ledger holds" in cmpmod.summary(cmp) and "from 4 runs" in cmpmod.summary(cmp)
     # what the CLI and the report learn it from: the history less the sides' own runs
     assert cmpmod.noise_beside(pd.concat([history, a, b]), a, b) == noise

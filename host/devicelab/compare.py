@@ -15,7 +15,10 @@ says the host was busy, with both figures, instead of calling a difference the l
 holds one run, the repetitions cannot know the noise between runs; the ledger can, where it holds the same
 figure (same build, same cell properties) from two runs or more outside the two sides: `run_noise` pools that
 scatter per device and metric, and a one-run difference smaller than what two runs of one build differ by 95 % of
-the time (`NOISE_Z` × the between-run sd) is not called a change."""
+the time is not called a change: Student's t at the history's degrees of freedom × √2 × the between-run sd
+(`noise_z`). The degrees of freedom are counted in runs (each build's runs less one), not in the keys the scatter
+is pooled over: what moves a run moves all its keys, so a history of two runs knows the between-run noise as
+poorly as one difference can (t = 12.7), and only many runs bring the floor down to 1.96 × √2."""
 
 from __future__ import annotations
 
@@ -42,8 +45,14 @@ SAME, GAIN, REGRESSION, CHANGED, UNTESTED = "same", "gain", "regression", "chang
 HOST_BUSY = "host busy"
 DEFAULT_ALPHA, DEFAULT_MIN_EFFECT = 0.05, 0.03
 BUSY_CPUS = 0.2  # other processes' load on the host (CPUs) from which a side's figures are not judged
-# two single runs of one build differ by less than this × the between-run sd 95 % of the time
-NOISE_Z = 1.96 * math.sqrt(2)
+
+
+def noise_z(df: int) -> float:
+    """Two single runs of one build differ by less than this × the between-run sd 95 % of the time, where that sd
+    was estimated with `df` degrees of freedom (1.96 × √2 with many)."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, max(1, df))) * math.sqrt(2)
 
 
 @dataclass
@@ -130,6 +139,12 @@ class RunNoise:
     rel_sd: float
     runs: int  # the runs it rests on
     keys: int  # the keys (build and cell properties) measured twice or more
+    df: int = 0  # its degrees of freedom, in runs: each build's runs less one, summed (0: as many as runs less one)
+
+    @property
+    def floor(self) -> float:
+        """|B/A − 1| that two single runs of one build stay within 95 % of the time."""
+        return noise_z(self.df or self.runs - 1) * self.rel_sd
 
 
 @dataclass
@@ -378,7 +393,8 @@ def run_noise(history: pd.DataFrame, max_busy: float | None = BUSY_CPUS) -> dict
     if max_busy is not None and "host_busy_cpus" in h.columns:
         h = h[~(pd.to_numeric(h["host_busy_cpus"], errors="coerce") >= max_busy)]
     build = next((c for c in ("build_key", "build_commit") if c in h.columns), None)
-    pooled: dict[tuple[str, str], list] = {}  # (device, metric) -> [Σ (k−1)·rel var, Σ (k−1), keys, run ids]
+    # (device, metric) -> [Σ (k−1)·rel var, Σ (k−1), keys, run ids, {build: run ids}]
+    pooled: dict[tuple[str, str], list] = {}
     for got, rows in h.groupby(["payload", build] if build else ["payload"], sort=False):
         payload = got[0] if isinstance(got, tuple) else got
         keys = [c for c in key_properties(str(payload)) if c in rows.columns]
@@ -391,12 +407,18 @@ def run_noise(history: pd.DataFrame, max_busy: float | None = BUSY_CPUS) -> dict
             if not m:
                 continue
             key = dict(zip(keys, k if isinstance(k, tuple) else (k,), strict=True))
-            acc = pooled.setdefault((str(key.get("device", "")), str(key.get("metric", ""))), [0.0, 0.0, 0, set()])
+            dm = (str(key.get("device", "")), str(key.get("metric", "")))
+            acc = pooled.setdefault(dm, [0.0, 0.0, 0, set(), {}])
             acc[0] += (len(means) - 1) * float(means.var(ddof=1)) / (m * m)
             acc[1] += len(means) - 1
             acc[2] += 1
             acc[3] |= set(means.index)
-    return {k: RunNoise(math.sqrt(v[0] / v[1]), len(v[3]), int(v[2])) for k, v in pooled.items() if v[1] > 0}
+            acc[4].setdefault(got, set()).update(means.index)
+    return {
+        k: RunNoise(math.sqrt(v[0] / v[1]), len(v[3]), int(v[2]), sum(len(r) - 1 for r in v[4].values()))
+        for k, v in pooled.items()
+        if v[1] > 0
+    }
 
 
 def over_runs(a: pd.DataFrame, b: pd.DataFrame) -> bool:
@@ -422,8 +444,8 @@ def _floor(noise: dict, ra: pd.DataFrame, rb: pd.DataFrame, metric: str) -> tupl
     known = [noise[(d, metric)] for d in devices if (d, metric) in noise]
     if not known:
         return None
-    worst = max(known, key=lambda n: n.rel_sd)
-    return NOISE_Z * worst.rel_sd, worst.runs
+    worst = max(known, key=lambda n: n.floor)
+    return worst.floor, worst.runs
 
 
 def compare(
