@@ -74,6 +74,15 @@ def test_prefill_rests_on_the_blocks_parameters_where_every_header_gave_them():
     assert got == pytest.approx(500 * 1.35e8 / 2.68e8) and "not known" in how
 
 
+def test_the_interval_is_the_conformal_order_statistic():
+    """The interval's half-width from n held-out errors: the ⌈(n + 1) × 0.9⌉-th smallest (split-conformal), the
+    largest where n < 9 — the plain 90th percentile of four errors would leave the largest out."""
+    assert pr.conformal([0.1, 0.3, 0.2, 0.05]) == 0.3  # n = 4: its largest (holds 4/5)
+    assert pr.conformal(range(1, 10)) == 9  # n = 9: ⌈10 × 0.9⌉ = 9th
+    assert pr.conformal(range(1, 20)) == 18  # n = 19: ⌈20 × 0.9⌉ = 18th
+    assert pr.conformal(range(1, 21)) == 19  # n = 20: ⌈18.9⌉ = 19th
+
+
 def test_families():
     assert [pr.family(q) for q in ("f16", "q8_0", "q4_1", "q4_k_m", "q6_k", "iq4_xs")] == [
         "float",

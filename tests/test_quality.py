@@ -102,6 +102,17 @@ def test_each_model_predicted_from_the_other_and_the_error_measured(lab, smol_pa
         assert c["predicted"] > 0 and any(abs(v - c["measured"]) < 1e-6 * c["measured"] for v in same.value)
         assert c["inside"] in (True, False)  # two models: each held out has the other's errors for its interval
     assert {(t["metric"], t["models"]) for t in got["table"]} >= {("decode_tps", 2), ("prefill_tps", 2)}
+    # two models: on a quant both measured, one's decode and prefill error is the other's mirrored — and it says
+    # that this check cannot test the interval (each is the other's largest error)
+    err = {(c["model"], c["quant"], c["metric"]): c["error"] for c in cells}
+    mirrored = [(q, m) for (model, q, m) in err if model == "gemma3-270m" and m != "peak_rss"]
+    assert len(mirrored) == 16
+    for q, m in mirrored:
+        assert err[("gemma3-270m", q, m)] == pytest.approx(-err[("smollm2-135m", q, m)], abs=1e-9), (q, m)
+    assert [n.split(":")[0] for n in got["notes"]] == ["local"] and "until a third model" in got["notes"][0]
+    assert all(c["inside"] for c in cells if c["metric"] != "peak_rss")  # the other's largest error: by construction
+    # prefill rests on the blocks' parameters both headers gave (Gemma's 262 k-token embedding is not multiplied)
+    assert r[r.metric == "prefill_tps"].n_params_blocks.notna().all() and (r.n_layer.dropna() > 0).all()
     pred = json.loads(devicelab("predict", smol_path, "--json", "--lab-dir", d, check=True).stdout)
     assert pred["model"] and pred["ram"]["local"][0]["quant"] == "q4_1"
     ram = pred["ram"]["local"][0]

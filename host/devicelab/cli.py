@@ -560,8 +560,8 @@ def predict(model, name, params, layers, kv_heads, head_dim, vocab, quants, devi
 
     if check:
         _lab_dir(lab_dir, must_hold_ledger=True)
-        table, errs, few = pr.check(_load_rows(lab_dir, None, None, dict(latest=True)))
-        print_prediction_check(table, errs, few, as_json)
+        table, errs, few, notes = pr.check(_load_rows(lab_dir, None, None, dict(latest=True)))
+        print_prediction_check(table, errs, few, notes, as_json)
         return
     given = dict(params=params, layers=layers, kv_heads=kv_heads, head_dim=head_dim, vocab=vocab)
     if model and any(v is not None for v in given.values()):

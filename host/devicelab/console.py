@@ -541,14 +541,16 @@ def print_predictions(target: Any, preds: list, mem: dict, context: int, as_json
     )
 
 
-def print_prediction_check(table: pd.DataFrame, errs: pd.DataFrame, few: list[str], as_json: bool = False) -> None:
+def print_prediction_check(
+    table: pd.DataFrame, errs: pd.DataFrame, few: list[str], notes: list[str], as_json: bool = False
+) -> None:
     """`devicelab predict --check`: each model the lab measured predicted from the device's other models."""
     from .predict import COVER
 
     if as_json:
         click.echo(
             json.dumps(
-                {"table": table.to_dict("records"), "cells": errs.to_dict("records"), "too_few": few},
+                {"table": table.to_dict("records"), "cells": errs.to_dict("records"), "too_few": few, "notes": notes},
                 indent=1,
                 default=str,
             )
@@ -588,3 +590,5 @@ def print_prediction_check(table: pd.DataFrame, errs: pd.DataFrame, few: list[st
     console.print(
         f"{inside} of {n} measured cells inside the interval predict gave them (each from the other models' errors)"
     )
+    for line in notes:
+        console.print(f"[yellow]{escape(line)}[/]")

@@ -18,8 +18,12 @@ the same quant family, else any quant — each prediction names what it rests on
 
 The error, measured: each model the device measured is predicted from the device's other models (leave one model
 out); `errors` keeps each cell's log(predicted ÷ measured) per device, metric and quant family. A prediction's
-interval is ± the 90th percentile of |log error| of the models it did not rest on being held out — so a model's own
-check never sees its own error. Fewer than two models on a device: no interval, and it says so."""
+interval is ± the ⌈(n + 1) × 0.9⌉-th smallest of the n |log errors| of the models it did not rest on being held out
+(split-conformal: it holds a new cell ≥ 90 % of the time where the errors are exchangeable; the plain 90th
+percentile of n errors holds less — with 4 it leaves out the largest, a quarter); with fewer than 9 errors it is
+their largest, which holds n/(n + 1). A model's own check never sees its own error. Fewer than two models on a
+device: no interval, and it says so. With exactly two, each model's error on a quant is the other's mirrored
+(A predicted from B is B predicted from A, inverted), so the check cannot test the interval: it needs a third."""
 
 from __future__ import annotations
 
@@ -67,7 +71,7 @@ NOMINAL_BPW = {
     "bf16": 16.0,
 }
 METRICS = ("decode_tps", "prefill_tps", "peak_rss")
-COVER = 0.9  # the interval: this quantile of the held-out models' |log error|
+COVER = 0.9  # the interval holds a new cell this often (split-conformal, `half_width`)
 
 
 def family(quant: str) -> str:
@@ -343,8 +347,9 @@ def errors(c: pd.DataFrame) -> pd.DataFrame:
 
 
 def half_width(errs: pd.DataFrame, device: str, metric: str, fam: str, leave_out: set[str]) -> float | None:
-    """± log half-width of a prediction's interval: the COVER quantile of |log error| of the device's held-out
-    models other than `leave_out`, for that metric and quant family (else every family); None without them."""
+    """± log half-width of a prediction's interval: of the n |log errors| of the device's held-out models other than
+    `leave_out`, for that metric and quant family (else every family), the ⌈(n + 1) × COVER⌉-th smallest — their
+    largest where n is smaller than that; None without them."""
     if errs.empty:
         return None
     e = errs[(errs["device"] == device) & (errs["metric"] == metric) & ~errs["model"].isin(leave_out)]
@@ -352,26 +357,44 @@ def half_width(errs: pd.DataFrame, device: str, metric: str, fam: str, leave_out
     use = by_fam if len(by_fam) >= 3 else e
     if use.empty:
         return None
-    return float(np.quantile(use["error"].abs(), COVER))
+    return conformal(use["error"].abs().to_numpy())
 
 
-def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+def conformal(abs_errors) -> float:
+    """The ⌈(n + 1) × COVER⌉-th smallest of n absolute errors (split-conformal), or the largest where n is too few."""
+    a = np.sort(np.asarray(abs_errors, dtype=float))
+    k = math.ceil(round((len(a) + 1) * COVER, 9))
+    return float(a[min(k, len(a)) - 1])
+
+
+MIRRORED = (
+    "{d}: two models — each predicted from the other, so on every quant both measured one's decode and prefill error "
+    "is the other's mirrored, and the interval (the other's largest error) holds it by construction: this check "
+    "cannot test the interval until a third model is measured here"
+)
+
+
+def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[str]]:
     """(the error table per device, metric and quant family; every held-out cell with whether its interval held
-    it; a line for each device with too few models)."""
+    it; a line for each device with too few models; a line for each device whose check cannot test the interval)."""
     c = cells(rows)
     errs = errors(c)
+    models = c.groupby("device")["model"].nunique() if not c.empty else pd.Series(dtype=int)
     few = [
         f"{d}: {n} model measured — predictions need two or more to measure their error"
-        for d, n in (c.groupby("device")["model"].nunique().items() if not c.empty else [])
+        for d, n in models.items()
         if n < 2
     ]
+    notes = [MIRRORED.format(d=d) for d, n in models.items() if n == 2]
     if errs.empty:
-        return pd.DataFrame(), errs, few
+        return pd.DataFrame(), errs, few, notes
     inside = []
     for _, e in errs.iterrows():
         # the interval as `predict` would give it for this model: from the other models' held-out errors
         w = half_width(errs, e["device"], e["metric"], e["family"], {e["model"]})
-        inside.append(None if w is None else abs(e["error"]) <= w)
+        # held where |error| is at most the half-width: a closed interval, to the rounding of the logs (a mirrored
+        # error is its mirror's to the last bits)
+        inside.append(None if w is None else abs(e["error"]) <= w * (1 + 1e-9) + 1e-12)
     errs = errs.assign(inside=pd.Series(inside, index=errs.index, dtype="object"))
     table = (
         errs.groupby(["device", "metric", "family"])
@@ -384,7 +407,7 @@ def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
         )
         .reset_index()
     )
-    return table, errs, few
+    return table, errs, few, notes
 
 
 # ---------------------------------------------------------------- a target on every device
