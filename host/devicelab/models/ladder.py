@@ -121,6 +121,11 @@ def _cached(out: Path) -> QuantFile | None:
     if out.exists() and mp.exists():
         man = json.loads(mp.read_text())
         if man.get("bytes") == out.stat().st_size:
+            if "n_params_blocks" not in man.get("info", {}):  # made by an older devicelab: its header read once more
+                man["info"]["n_params_blocks"] = gguf_info.read(out).n_params_blocks
+                tmp = paths.temp_for(mp)
+                tmp.write_text(json.dumps(man, indent=1))
+                tmp.replace(mp)
             return QuantFile(man["quant"], out, man["sha256"], man)
     return None
 

@@ -20,7 +20,6 @@ from .. import kinds
 from .. import lab as labmod
 from ..errors import DevicelabError, NotMeasurable, RetryableError
 from ..kinds.base import HOST, SERVED, Kind, Prepared, SkipCell
-from ..models import gguf_info
 from ..models.gguf_info import ModelInfo
 from ..proc import tail
 from ..schema import Row
@@ -84,15 +83,12 @@ def model_context(host, model: str, qf) -> dict:
         kv_per_tok = mi.kv_cache_bytes(1)
     except (DevicelabError, KeyError, TypeError):
         pass
-    blocks = info.get("n_params_blocks")
-    if blocks is None and info.get("n_params"):  # a quant made by an older devicelab: its header read again
-        blocks = gguf_info.read(qf.path).n_params_blocks
     return {
         "model_sha256": qf.sha256,
         "model_bytes": qf.manifest["bytes"],
         "bpw": qf.manifest["bpw"],
         "n_params": info.get("n_params"),
-        "n_params_blocks": blocks,
+        "n_params_blocks": info.get("n_params_blocks"),
         "n_layer": info.get("n_layer"),
         "kv_bytes_per_token": kv_per_tok,
         "tensor_types": qf.manifest["tensor_types"],
