@@ -121,11 +121,15 @@ def _cached(out: Path) -> QuantFile | None:
     if out.exists() and mp.exists():
         man = json.loads(mp.read_text())
         if man.get("bytes") == out.stat().st_size:
-            if "n_params_blocks" not in man.get("info", {}):  # made by an older devicelab: its header read once more
-                man["info"]["n_params_blocks"] = gguf_info.read(out).n_params_blocks
-                tmp = paths.temp_for(mp)
-                tmp.write_text(json.dumps(man, indent=1))
-                tmp.replace(mp)
+            info = man.get("info")
+            if isinstance(info, dict) and "n_params_blocks" not in info:  # made by an older devicelab: read once more
+                info["n_params_blocks"] = gguf_info.read(out).n_params_blocks
+                try:
+                    tmp = paths.temp_for(mp)
+                    tmp.write_text(json.dumps(man, indent=1))
+                    tmp.replace(mp)
+                except OSError:  # a folder this process cannot write: read again next time
+                    pass
             return QuantFile(man["quant"], out, man["sha256"], man)
     return None
 
