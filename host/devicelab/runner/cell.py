@@ -308,6 +308,10 @@ def _run_payload(r: CellRun, p: Payload) -> None:
     s = r.s
     s.current_remote = p.remote
     try:
+        # Ctrl-C before it started: interrupt() sets `interrupted` before it looks for a payload to stop, so one it
+        # found none for is seen here, and is not started
+        if s.interrupted:
+            raise RetryableError(f"{r.cell.label()}: interrupted by the user")
         if r.kind.where(r.cell.params) == SERVED and p.name == "main":
             result = _serve_and_drive(r, p)
             (r.base / "served.json").write_text(json.dumps(result, default=str))
