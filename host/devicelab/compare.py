@@ -393,7 +393,7 @@ def run_noise(history: pd.DataFrame, max_busy: float | None = BUSY_CPUS) -> dict
     if max_busy is not None and "host_busy_cpus" in h.columns:
         h = h[~(pd.to_numeric(h["host_busy_cpus"], errors="coerce") >= max_busy)]
     build = next((c for c in ("build_key", "build_commit") if c in h.columns), None)
-    # (device, metric) -> [Σ (k−1)·rel var, Σ (k−1), keys, run ids, {build: run ids}]
+    # (device, metric) -> [Σ (k−1)·rel var, Σ (k−1), keys, {(payload, build): run ids}]
     pooled: dict[tuple[str, str], list] = {}
     for got, rows in h.groupby(["payload", build] if build else ["payload"], sort=False):
         payload = got[0] if isinstance(got, tuple) else got
@@ -408,14 +408,18 @@ def run_noise(history: pd.DataFrame, max_busy: float | None = BUSY_CPUS) -> dict
                 continue
             key = dict(zip(keys, k if isinstance(k, tuple) else (k,), strict=True))
             dm = (str(key.get("device", "")), str(key.get("metric", "")))
-            acc = pooled.setdefault(dm, [0.0, 0.0, 0, set(), {}])
+            acc = pooled.setdefault(dm, [0.0, 0.0, 0, {}])
             acc[0] += (len(means) - 1) * float(means.var(ddof=1)) / (m * m)
             acc[1] += len(means) - 1
             acc[2] += 1
-            acc[3] |= set(means.index)
-            acc[4].setdefault(got, set()).update(means.index)
+            acc[3].setdefault(got, set()).update(means.index)
     return {
-        k: RunNoise(math.sqrt(v[0] / v[1]), len(v[3]), int(v[2]), sum(len(r) - 1 for r in v[4].values()))
+        k: RunNoise(
+            math.sqrt(v[0] / v[1]),
+            len(set().union(*v[3].values())),
+            int(v[2]),
+            sum(len(r) - 1 for r in v[3].values()),
+        )
         for k, v in pooled.items()
         if v[1] > 0
     }

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .candidate import DEFAULT_OVERHEAD, mib
+from .candidate import DEFAULT_OVERHEAD, mib, num
 from .errors import DevicelabError
 
 if TYPE_CHECKING:
@@ -235,10 +235,6 @@ def _scale(c, metric: str, blocks: bool = False) -> float:
     raise ValueError(metric)
 
 
-def _known(v) -> bool:
-    return v is not None and not (isinstance(v, float) and math.isnan(v)) and bool(v)
-
-
 @dataclass
 class Predicted:
     device: str
@@ -291,7 +287,7 @@ def predict_one(
         if pick.any()
     )
     # prefill: the blocks' parameters where the target's and every reference's header gave them
-    blocks = _known(n_params_blocks) and bool(use["n_params_blocks"].map(_known).all())
+    blocks = bool(num(n_params_blocks)) and bool(use["n_params_blocks"].map(lambda v: bool(num(v))).all())
     effort = use.apply(lambda c: _scale(c, metric, blocks), axis=1)
     per = float(np.median(use["value"] * effort))
     if metric == "decode_tps":

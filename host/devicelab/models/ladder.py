@@ -109,11 +109,15 @@ def _finish(quant: str, out: Path, extra: dict) -> QuantFile:
         "info": info.to_json(),
         **extra,
     }
+    _write_manifest(out, man)
+    return QuantFile(quant, out, digest, man)
+
+
+def _write_manifest(out: Path, man: dict) -> None:
     mp = _manifest_path(out)
     tmp = paths.temp_for(mp)
     tmp.write_text(json.dumps(man, indent=1))
     tmp.replace(mp)  # a reader without the lock sees the whole manifest or none
-    return QuantFile(quant, out, digest, man)
 
 
 def _cached(out: Path) -> QuantFile | None:
@@ -125,9 +129,7 @@ def _cached(out: Path) -> QuantFile | None:
             if isinstance(info, dict) and "n_params_blocks" not in info:  # made by an older devicelab: read once more
                 info["n_params_blocks"] = gguf_info.read(out).n_params_blocks
                 try:
-                    tmp = paths.temp_for(mp)
-                    tmp.write_text(json.dumps(man, indent=1))
-                    tmp.replace(mp)
+                    _write_manifest(out, man)
                 except OSError:  # a folder this process cannot write: read again next time
                     pass
             return QuantFile(man["quant"], out, man["sha256"], man)
