@@ -5,6 +5,7 @@ puts each lane on the lab host its device is plugged into; the runner never impo
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -65,6 +66,20 @@ class Placement(Protocol):
         its cells run with (builds included) and runs none (a placement that runs its lanes once may do nothing)."""
 
 
+LANE_STOP_S = 120.0  # Ctrl-C: how long the lanes are given to stop their payloads and put their devices back
+
+
+def where(thread: threading.Thread) -> str:
+    """The innermost devicelab function a thread is in, as file:function:line (a lane that does not stop)."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        code = frame.f_code
+        if "devicelab" in code.co_filename:
+            return f"{Path(code.co_filename).name}:{code.co_name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "an unknown place"
+
+
 class LocalPlacement:
     """Every lane a thread of this process."""
 
@@ -93,12 +108,22 @@ class LocalPlacement:
         except KeyboardInterrupt:
             stop.set()
             su.host.cpu.cancel()  # a lane waiting for another run's use of the host's CPUs stops waiting
-            for lane in self.lanes:  # stop the running payloads; each lane puts its device back
+            # stop the running payloads, every lane at once (one may wait for a payload that is just starting);
+            # each lane then puts its device back
+            for lane in self.lanes:
                 if lane.session is not None:
-                    lane.session.interrupt()
-            deadline = time.time() + 120
+                    threading.Thread(
+                        target=lane.session.interrupt, name=f"interrupt {lane.thread.name}", daemon=True
+                    ).start()
+            deadline = time.time() + LANE_STOP_S
             for lane in self.lanes:
                 lane.finished.wait(max(0.0, deadline - time.time()))
+            for lane in self.lanes:
+                if not lane.finished.is_set():
+                    su.events.stage(
+                        f"warning: {lane.device.name} did not stop within {LANE_STOP_S:.0f} s of Ctrl-C "
+                        f"(it was in {where(lane.thread)}); its running cell is failed-retryable"
+                    )
             raise
         finally:
             rep.ran += sum(lane.ran for lane in running)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import posixpath
+import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -40,6 +41,8 @@ class Warn(Protocol):
 
 
 BASELINE_MAX_AGE_S = 6 * 3600
+# Ctrl-C: how long to wait for a payload that has just started to write its pids file before giving up on it
+INTERRUPT_PATIENCE_S = 60.0
 
 
 def target_for(t: Transport, device: Device, facts: dict) -> tuple[targets.Target, list[str]]:
@@ -271,6 +274,7 @@ class DeviceConditions:
         self.battery_source = ""
         self.provenance: dict = {}  # device-wide conditions (the governor pin)
         self.sources: sources.DeviceSources | None = None
+        self.stopping = threading.Event()  # the session's Ctrl-C
         self._warned: set[str] = set()
 
     def measure_first(self) -> None:
@@ -364,7 +368,8 @@ class DeviceConditions:
         t0 = time.time()
         now = self.hottest()
         while now is not None and now > limit and time.time() - t0 < spec.cooldown_timeout_s:
-            time.sleep(2.0)
+            if self.stopping.wait(2.0):  # Ctrl-C: the cell is cut before its payload starts
+                return Row(metric="cooldown_wait", value=time.time() - t0, phase="cell", test="cut by Ctrl-C")
             now = self.hottest()
         waited = time.time() - t0
         goal = f"baseline {baseline:.1f} °C + {spec.cooldown_delta_c:g}"
@@ -402,7 +407,7 @@ class DeviceSession:
         self.builds = Builds(self.link, host, events, tools)
         self.conditions = DeviceConditions(self.link, ledger, events, telemetry)
         self.current_remote: str | None = None  # the running cell's device folder (for interrupt)
-        self.interrupted = False  # Ctrl-C: the running cell is cut, whatever its payload did
+        self.conditions.stopping = self._stopping = threading.Event()  # Ctrl-C (the cooldown ends its wait)
         self._stack = ExitStack()
 
     def __enter__(self) -> DeviceSession:
@@ -470,18 +475,26 @@ class DeviceSession:
     def alive(self) -> bool:
         return self.link.alive()
 
-    def interrupt(self) -> None:
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C: the running cell is cut, whatever its payload did, and no payload starts after it."""
+        return self._stopping.is_set()
+
+    def interrupt(self, patience_s: float = INTERRUPT_PATIENCE_S) -> None:
         """Ctrl-C from another thread: stop the running payload on the device (its runner then returns). A payload
-        that has only just started has no pids file yet: wait for it (a few seconds) rather than miss it; the cell
-        is cut either way (`interrupted`)."""
-        self.interrupted = True
+        that has only just started has no pids file yet: wait for it (on a loaded machine its runner may take
+        seconds to write one) until it is found or is no longer the running one, rather than miss it and let it
+        run to its end; the cell is cut either way (`interrupted`). The flag is set before the payload is looked
+        for, and the cell looks at the flag after it names its payload, so one of the two sees the other."""
+        self._stopping.set()
         remote = self.current_remote
         if self.link.t is None or not remote:
             return
         try:
-            for _ in range(50):
-                if read_pids(self.link.t, remote) or self.current_remote != remote:
-                    break
+            deadline = time.monotonic() + patience_s
+            while not read_pids(self.link.t, remote) and self.current_remote == remote:
+                if time.monotonic() > deadline:
+                    return
                 time.sleep(0.1)
             self.link.stop(remote, timeout=10)
         except Exception:  # best effort: the device may be gone already
