@@ -56,6 +56,42 @@ def test_a_prompt_token_multiplies_the_blocks_parameters(smol_path):
     assert info.n_params_blocks == info.n_params - tensors["token_embd.weight"] - tensors["output_norm.weight"]
     assert info.n_params_blocks == 30 * sum(n for k, n in tensors.items() if k.startswith("blk.0."))  # 30 alike
     assert pr.from_gguf(smol_path).n_params_blocks == info.n_params_blocks
+    # and their bytes: the real file's for its own quant, the nominal size for another
+    blocks_bytes = sum(int(t.n_bytes) for t in GGUFReader(str(smol_path)).tensors if t.name.startswith("blk."))
+    assert info.blocks_bytes == blocks_bytes and 0 < blocks_bytes < smol_path.stat().st_size
+    shape = pr.from_gguf(smol_path)
+    assert shape.blocks_bytes("q4_1") == blocks_bytes
+    assert shape.blocks_bytes("q8_0") == int(info.n_params_blocks * pr.NOMINAL_BPW["q8_0"] / 8)
+
+
+def test_peak_rss_adds_the_copy_a_quant_showed_per_byte_of_its_blocks():
+    """Peak RSS: weights + KV + the models' own overhead (the least each showed in any quant; their median) + the
+    share of the blocks' bytes that the other models' cells of the same quant held beyond it (a CPU backend that
+    repacks a type's weights keeps a copy: measured here, q4_0's extra peak RSS was its blocks' bytes, q8_0's none).
+    Rows without the blocks' bytes (an older devicelab's) keep the median overhead of every cell."""
+    shape = {"backend": "cpu", "threads": 2, "n_prompt": 48, "n_gen": 0, "n_depth": 0}
+    MB = 1e6
+    refs = pd.DataFrame(
+        [
+            {"device": "d", "model": m, "quant": q, "metric": "peak_rss", **shape, "kv": 0, "value": rss * MB}
+            | {"model_bytes": w * MB, "n_params": 1e8, "n_params_blocks": 1e8, "blocks_bytes": b * MB}
+            for m, q, rss, w, b in (
+                ("a", "q8_0", 140, 100, 90),  # a's own overhead: 40 MB
+                ("a", "q4_0", 160, 60, 60),  # + 60 MB: its blocks' bytes again
+                ("b", "q8_0", 260, 200, 100),  # b's own: 60 MB
+                ("b", "q4_0", 235, 125, 50),  # + 50 MB: its blocks' bytes again
+            )
+        ]
+    )
+    got, how, models = pr.predict_one(refs, "peak_rss", "q4_0", shape, 170 * MB, 3e8, 0, 2.8e8, 160 * MB)
+    assert got == pytest.approx((170 + 50 + 160) * MB) and "100% of the blocks' bytes" in how and models == ["a", "b"]
+    got, how, _ = pr.predict_one(refs, "peak_rss", "q8_0", shape, 300 * MB, 3e8, 0, 2.8e8, 280 * MB)
+    assert got == pytest.approx((300 + 50) * MB) and "0% of the blocks' bytes" in how
+    got, how, _ = pr.predict_one(refs, "peak_rss", "q4_0", shape, 170 * MB, 3e8, 0, 2.8e8, None)  # target unknown
+    assert got == pytest.approx((170 + 80) * MB) and "blocks" not in how  # the median of 40, 100, 60, 110
+    older = refs.assign(blocks_bytes=float("nan"))
+    got, how, _ = pr.predict_one(older, "peak_rss", "q4_0", shape, 170 * MB, 3e8, 0, 2.8e8, 160 * MB)
+    assert got == pytest.approx((170 + 80) * MB) and "blocks" not in how
 
 
 def test_prefill_rests_on_the_blocks_parameters_where_every_header_gave_them():

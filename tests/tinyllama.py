@@ -30,8 +30,19 @@ def train_spm(text: Path, out: Path, vocab: int = 512) -> Path:
     return out / "tokenizer.model"
 
 
-def make_llama(folder: Path, text: Path, seed: int = 0, vocab: int = 512) -> Path:
-    """A 2-layer, 256-wide LlamaForCausalLM (random weights, BF16 safetensors) with a SentencePiece tokenizer."""
+def make_llama(
+    folder: Path,
+    text: Path,
+    seed: int = 0,
+    vocab: int = 512,
+    hidden: int = 256,
+    intermediate: int = 512,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+) -> Path:
+    """A LlamaForCausalLM (random weights, BF16 safetensors; 2 layers, 256 wide unless told) with a SentencePiece
+    tokenizer."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -40,11 +51,11 @@ def make_llama(folder: Path, text: Path, seed: int = 0, vocab: int = 512) -> Pat
     torch.manual_seed(seed)
     cfg = LlamaConfig(
         vocab_size=vocab,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=512,
         bos_token_id=1,
         eos_token_id=2,

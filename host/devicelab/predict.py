@@ -100,6 +100,17 @@ class Shape:
     source: str  # where the shape came from, in words
     files: dict[str, int] = field(default_factory=dict)  # quant -> bytes of a real file
     n_params_blocks: int | None = None  # the repeating blocks' parameters (GGUF tensors blk.*), where known
+    blocks_files: dict[str, int] = field(default_factory=dict)  # quant -> bytes of its blocks in a real file
+
+    def blocks_bytes(self, quant: str) -> int | None:
+        """The quant's bytes of the blocks' tensors: a real file's, else its nominal size; None where the blocks'
+        parameters are not known."""
+        q = quant.lower()
+        if q in self.blocks_files:
+            return self.blocks_files[q]
+        if not self.n_params_blocks or q not in NOMINAL_BPW:
+            return None
+        return int(self.n_params_blocks * NOMINAL_BPW[q] / 8)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -173,6 +184,7 @@ def from_info(info: gguf_info.ModelInfo, source: str | None = None) -> Shape:
         f"the GGUF header of {path}",
         files,
         info.n_params_blocks,
+        {q: info.blocks_bytes} if q and info.blocks_bytes else {},
     )
 
 
@@ -187,7 +199,7 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
     if rows.empty or not need <= set(rows.columns):
         return pd.DataFrame()
     r = rows[rows["metric"].isin(METRICS) & pd.to_numeric(rows["value"], errors="coerce").notna()].copy()
-    for c in (*SHAPE_COLS, "model_bytes", "n_params", "n_params_blocks", "kv_bytes_per_token"):
+    for c in (*SHAPE_COLS, "model_bytes", "n_params", "n_params_blocks", "model_blocks_bytes", "kv_bytes_per_token"):
         r[c] = pd.to_numeric(r[c], errors="coerce") if c in r.columns else np.nan
     r["backend"] = rows["backend"].astype("string") if "backend" in rows.columns else ""
     r["value"] = pd.to_numeric(r["value"], errors="coerce").astype(float)
@@ -209,15 +221,39 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
         model_bytes=("model_bytes", "max"),
         n_params=("n_params", "max"),
         n_params_blocks=("n_params_blocks", "max"),
+        blocks_bytes=("model_blocks_bytes", "max"),
         kv=("kv_bytes_per_token", "max"),
     ).reset_index()
     out["kv"] = out["kv"].fillna(0)
     return out
 
 
+def _extra(rss: pd.DataFrame) -> pd.Series:
+    """What peak-RSS cells held beyond their weights and their KV at the tokens they held."""
+    return (rss["value"] - rss["model_bytes"] - rss["kv"] * rss["n_prompt"]).clip(lower=0)
+
+
 def _overhead(rss: pd.DataFrame) -> float:
     """The runtime overhead peak-RSS cells show: the median of peak RSS − weights − KV at the tokens they held."""
-    return float(np.median((rss["value"] - rss["model_bytes"] - rss["kv"] * rss["n_prompt"]).clip(lower=0)))
+    return float(np.median(_extra(rss)))
+
+
+def _repacked(rss: pd.DataFrame, quant: str) -> tuple[float, float] | None:
+    """(each model's own overhead, its median over the models; the share of the blocks' bytes that a quant's cells
+    held beyond it) — ggml's CPU backend keeps a copy of some types' weights repacked for its kernels (which types
+    depends on the CPU: Q4_0 and Q4_K on AVX2, say), so peak RSS grows with the blocks' bytes in those quants and not
+    in others. A model's own overhead is the least it showed in any quant; the share is the median over the
+    models that measured this quant. None where a model's blocks' bytes are not known, or one quant is all a
+    model measured (its overhead cannot be told from a copy)."""
+    if rss["blocks_bytes"].isna().any() or rss.groupby("model")["quant"].nunique().min() < 2:
+        return None
+    extra = _extra(rss)
+    own = extra.groupby(rss["model"]).min()
+    mine = rss["quant"] == quant
+    if not mine.any():
+        return None
+    share = ((extra[mine] - rss.loc[mine, "model"].map(own)) / rss.loc[mine, "blocks_bytes"]).clip(lower=0)
+    return float(np.median(own)), float(np.median(share))
 
 
 def _ctx(c) -> float:
@@ -261,10 +297,11 @@ def predict_one(
     n_params: int,
     kv: int,
     n_params_blocks: int | None = None,
+    blocks_bytes: int | None = None,
 ) -> tuple[float, str, list[str]] | None:
-    """One figure for a target (weights, parameters — its blocks' where known —, KV bytes a token) at `shape`
-    (backend, threads, n_prompt, n_gen, n_depth) from a device's reference cells, with what it rests on; None where
-    nothing matches."""
+    """One figure for a target (weights, parameters — its blocks' where known —, KV bytes a token, its blocks'
+    bytes) at `shape` (backend, threads, n_prompt, n_gen, n_depth) from a device's reference cells, with what it rests
+    on; None where nothing matches."""
     same = refs[refs["metric"] == metric]
     for c in SHAPE_COLS:
         if c in shape:
@@ -273,8 +310,16 @@ def predict_one(
         return None
     if metric == "peak_rss":
         tokens = float(shape.get("n_prompt", 0)) + float(shape.get("n_gen", 0)) + float(shape.get("n_depth", 0))
-        o = _overhead(same)
         models = sorted(set(same["model"]))
+        rep = _repacked(same, quant) if num(blocks_bytes) else None
+        if rep is not None:
+            o, share = rep
+            how = (
+                f"weights + KV + the {o / 2**20:.0f} MiB runtime overhead measured + {share:.0%} of the blocks' "
+                f"bytes, the copy the other models' {quant} held beside their weights"
+            )
+            return weights + kv * tokens + o + share * float(blocks_bytes or 0), how, models
+        o = _overhead(same)
         return weights + kv * tokens + o, f"weights + KV + the {o / 2**20:.0f} MiB runtime overhead measured", models
     fam = family(quant)
     label, use = next(
@@ -323,6 +368,7 @@ def errors(c: pd.DataFrame) -> pd.DataFrame:
                 cell["n_params"],
                 cell["kv"],
                 cell["n_params_blocks"],
+                cell["blocks_bytes"],
             )
             if got is None or not got[0] or not cell["value"]:
                 continue
@@ -436,6 +482,7 @@ def predict(
                     target.n_params,
                     target.kv_bytes_per_token,
                     target.n_params_blocks,
+                    target.blocks_bytes(q),
                 )
                 if got is None:
                     continue

@@ -148,6 +148,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("bpw", "real", CELL, "bit/weight"),
     Column("n_params", "int", CELL),
     Column("n_params_blocks", "int", CELL),
+    Column("model_blocks_bytes", "int", CELL, "B"),
     Column("n_layer", "int", CELL),
     Column("kv_bytes_per_token", "int", CELL, "B/tok"),
     Column("tensor_types", "json", CELL, fact=True),

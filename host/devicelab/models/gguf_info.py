@@ -41,6 +41,8 @@ class ModelInfo:
     # parameters of the repeating blocks (tensors `blk.*`): what a prompt token is multiplied by — the token
     # embedding is looked up, and the output head runs for the last token of a prompt only
     n_params_blocks: int | None = None
+    # their bytes: what a CPU backend that repacks a quant type's weights for its kernels holds a second copy of
+    blocks_bytes: int | None = None
 
     @property
     def bpw(self) -> float:
@@ -143,6 +145,7 @@ def read(path: Path) -> ModelInfo:
     tparams: Counter[str] = Counter()
     n_params = 0
     n_blocks = 0
+    blocks_bytes = 0
     parts = split_parts(path, _field(r, "split.count", 1) or 1)
     size = sum(p.stat().st_size for p in parts)
     for rr in [r] + [GGUFReader(str(p)) for p in parts[1:]]:
@@ -153,6 +156,7 @@ def read(path: Path) -> ModelInfo:
             tparams[ty] += int(t.n_elements)
             n_params += int(t.n_elements)
             n_blocks += int(t.n_elements) if t.name.startswith("blk.") else 0
+            blocks_bytes += int(t.n_bytes) if t.name.startswith("blk.") else 0
     n_head = a("attention.head_count")
     n_embd = a("embedding_length")
     n_head_kv = a("attention.head_count_kv")
@@ -173,6 +177,7 @@ def read(path: Path) -> ModelInfo:
         name=str(_field(r, "general.name", path.stem)),
         n_params=n_params,
         n_params_blocks=n_blocks or None,
+        blocks_bytes=blocks_bytes or None,
         file_type=_field(r, "general.file_type"),
         n_layer=a("block_count"),
         n_embd=n_embd,

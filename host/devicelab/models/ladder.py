@@ -126,8 +126,9 @@ def _cached(out: Path) -> QuantFile | None:
         man = json.loads(mp.read_text())
         if man.get("bytes") == out.stat().st_size:
             info = man.get("info")
-            if isinstance(info, dict) and "n_params_blocks" not in info:  # made by an older devicelab: read once more
-                info["n_params_blocks"] = gguf_info.read(out).n_params_blocks
+            if isinstance(info, dict) and not {"n_params_blocks", "blocks_bytes"} <= set(info):
+                read = gguf_info.read(out)  # made by an older devicelab: read once more
+                info.update(n_params_blocks=read.n_params_blocks, blocks_bytes=read.blocks_bytes)
                 try:
                     _write_manifest(out, man)
                 except OSError:  # a folder this process cannot write: read again next time

