@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from conftest import devicelab
@@ -108,6 +109,37 @@ def test_prefill_rests_on_the_blocks_parameters_where_every_header_gave_them():
     refs = pd.DataFrame([ref | {"n_params_blocks": float("nan")}])  # a row of an older devicelab
     got, how, _ = pr.predict_one(refs, "prefill_tps", "q8_0", shape, 2.5e8, 2.68e8, 0, 1.0e8)
     assert got == pytest.approx(500 * 1.35e8 / 2.68e8) and "not known" in how
+
+
+def test_decode_rests_on_each_tensor_types_time_a_byte():
+    """Decode from the time a token takes per byte of each tensor type, fitted on every reference cell at the shape
+    (a quant's name does not say its types: SmolLM2's q4_k_m is half Q5_0); a type that is a large share of the
+    target's bytes and of no reference's, or references without their types (an older devicelab's rows), keep the
+    quant's bytes a second. Refs here are exact: Q4_0 moves 10 GB/s (0.1 ms a MB), Q8_0 20 GB/s."""
+    shape = {"backend": "cpu", "threads": 2, "n_prompt": 0, "n_gen": 16, "n_depth": 0}
+    ms = lambda tb: 0.1 * tb.get("Q4_0", 0) / 1e6 + 0.05 * tb.get("Q8_0", 0) / 1e6
+    refs = pd.DataFrame(
+        [
+            {"device": "d", "model": m, "quant": q, "metric": "decode_tps", **shape, "kv": 0, "value": 1000 / ms(tb)}
+            | {"model_bytes": sum(tb.values()), "n_params": 1e8, "n_params_blocks": 1e8, "type_bytes": tb}
+            for m, q, tb in (
+                ("a", "q4_0", {"Q4_0": 60e6, "Q8_0": 30e6}),
+                ("a", "q8_0", {"Q8_0": 100e6}),
+                ("b", "q4_0", {"Q4_0": 50e6, "Q8_0": 50e6}),
+                ("b", "q8_0", {"Q8_0": 200e6}),
+            )
+        ]
+    )
+    target = {"Q4_0": 160e6, "Q8_0": 10e6}
+    got, how, models = pr.predict_one(refs, "decode_tps", "q4_0", shape, 170e6, 3e8, 0, None, None, target)
+    assert got == pytest.approx(1000 / 16.5, rel=1e-6) and "Q4_0 10.0 GB/s" in how and models == ["a", "b"]
+    # a type no reference holds much of: the quant's bytes a second (the q4_0 cells' median)
+    per = float(np.median([133.333333 * 90e6, 133.333333 * 100e6]))
+    got, how, _ = pr.predict_one(refs, "decode_tps", "q4_0", shape, 170e6, 3e8, 0, None, None, {"Q5_K": 170e6})
+    assert got == pytest.approx(per / 170e6, rel=1e-6) and how.startswith("bytes a second")
+    older = refs.assign(type_bytes=None)
+    got, how, _ = pr.predict_one(older, "decode_tps", "q4_0", shape, 170e6, 3e8, 0, None, None, target)
+    assert got == pytest.approx(per / 170e6, rel=1e-6) and how.startswith("bytes a second")
 
 
 def test_the_interval_is_the_conformal_order_statistic():

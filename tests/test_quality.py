@@ -102,15 +102,24 @@ def test_each_model_predicted_from_the_other_and_the_error_measured(lab, smol_pa
         assert c["predicted"] > 0 and any(abs(v - c["measured"]) < 1e-6 * c["measured"] for v in same.value)
         assert c["inside"] in (True, False)  # two models: each held out has the other's errors for its interval
     assert {(t["metric"], t["models"]) for t in got["table"]} >= {("decode_tps", 2), ("prefill_tps", 2)}
-    # two models: on a quant both measured, one's decode and prefill error is the other's mirrored — and it says
-    # that this check cannot test the interval (each is the other's largest error)
+    # two models: on a quant both measured, one's prefill error is the other's mirrored (scaled from the other's
+    # same quant) — and it says that this check cannot test that interval (each is the other's largest error);
+    # decode is fitted per tensor type on all of the other's quants, mirrored only where it fell back to the quant's
+    # bytes a second: the note names it exactly where its errors are mirrored
     err = {(c["model"], c["quant"], c["metric"]): c["error"] for c in cells}
-    mirrored = [(q, m) for (model, q, m) in err if model == "gemma3-270m" and m != "peak_rss"]
-    assert len(mirrored) == 16
-    for q, m in mirrored:
-        assert err[("gemma3-270m", q, m)] == pytest.approx(-err[("smollm2-135m", q, m)], abs=1e-9), (q, m)
-    assert [n.split(":")[0] for n in got["notes"]] == ["local"] and "until a third model" in got["notes"][0]
-    assert all(c["inside"] for c in cells if c["metric"] != "peak_rss")  # the other's largest error: by construction
+    mirror = lambda q, m: abs(err[("gemma3-270m", q, m)] + err[("smollm2-135m", q, m)]) <= 1e-9
+    prefill = [q for (model, q, m) in err if model == "gemma3-270m" and m == "prefill_tps"]
+    decode = [q for (model, q, m) in err if model == "gemma3-270m" and m == "decode_tps"]
+    assert len(prefill) == len(decode) == 8 and all(mirror(q, "prefill_tps") for q in prefill)
+    (note,) = got["notes"]
+    assert note.startswith("local: two models") and "until a third model" in note and "prefill error" in note
+    assert ("decode" in note) == all(mirror(q, "decode_tps") for q in decode)
+    assert not all(mirror(q, "decode_tps") for q in decode), "decode by tensor type: not the other's mirror"
+    assert all(c["inside"] for c in cells if c["metric"] == "prefill_tps")  # the other's largest error: by construction
+    # decode by tensor type: every row says its types' bytes, which add up to the file's tensor data
+    dec = r[r.metric == "decode_tps"]
+    types = dec.tensor_type_bytes.map(json.loads)
+    assert len(dec) and all(0.9 * b < sum(t.values()) < b for t, b in zip(types, dec.model_bytes, strict=True))
     # prefill rests on the blocks' parameters both headers gave (Gemma's 262 k-token embedding is not multiplied)
     assert r[r.metric == "prefill_tps"].n_params_blocks.notna().all() and (r.n_layer.dropna() > 0).all()
     # peak RSS rests on the blocks' bytes too: a quant that a CPU backend repacks holds a copy of them

@@ -27,6 +27,7 @@ device: no interval, and it says so. With exactly two, each model's error on a q
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -101,6 +102,7 @@ class Shape:
     files: dict[str, int] = field(default_factory=dict)  # quant -> bytes of a real file
     n_params_blocks: int | None = None  # the repeating blocks' parameters (GGUF tensors blk.*), where known
     blocks_files: dict[str, int] = field(default_factory=dict)  # quant -> bytes of its blocks in a real file
+    type_files: dict[str, dict] = field(default_factory=dict)  # quant -> {tensor type: bytes} of a real file
 
     def blocks_bytes(self, quant: str) -> int | None:
         """The quant's bytes of the blocks' tensors: a real file's, else its nominal size; None where the blocks'
@@ -185,6 +187,7 @@ def from_info(info: gguf_info.ModelInfo, source: str | None = None) -> Shape:
         files,
         info.n_params_blocks,
         {q: info.blocks_bytes} if q and info.blocks_bytes else {},
+        {q: dict(info.tensor_type_bytes)} if q and info.tensor_type_bytes else {},
     )
 
 
@@ -202,6 +205,8 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
     for c in (*SHAPE_COLS, "model_bytes", "n_params", "n_params_blocks", "model_blocks_bytes", "kv_bytes_per_token"):
         r[c] = pd.to_numeric(r[c], errors="coerce") if c in r.columns else np.nan
     r["backend"] = rows["backend"].astype("string") if "backend" in rows.columns else ""
+    tb = rows["tensor_type_bytes"] if "tensor_type_bytes" in rows.columns else pd.Series(None, index=rows.index)
+    r["type_bytes"] = tb.loc[r.index].map(_type_bytes)
     r["value"] = pd.to_numeric(r["value"], errors="coerce").astype(float)
     if "cell_id" in r.columns:  # peak RSS: one a cell, at the most tokens its tests held
         tokens = (rows["n_prompt"].fillna(0) + rows["n_gen"].fillna(0) + rows["n_depth"].fillna(0)).astype(float)
@@ -223,9 +228,23 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
         n_params_blocks=("n_params_blocks", "max"),
         blocks_bytes=("model_blocks_bytes", "max"),
         kv=("kv_bytes_per_token", "max"),
+        type_bytes=("type_bytes", "first"),
     ).reset_index()
     out["kv"] = out["kv"].fillna(0)
     return out
+
+
+def _type_bytes(v) -> dict | None:
+    """A row's tensor_type_bytes (a JSON text in the ledger, a dict from a table) as {type: bytes}; None if unknown."""
+    if isinstance(v, str):
+        try:
+            v = json.loads(v)
+        except ValueError:
+            return None
+    if not isinstance(v, dict) or not v:
+        return None
+    got = {str(k): float(n) for k, n in v.items() if num(n)}
+    return got or None
 
 
 def _extra(rss: pd.DataFrame) -> pd.Series:
@@ -288,6 +307,39 @@ class Predicted:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+TYPE_SHARE = 0.1  # a tensor type this large a share of the target's bytes must be as large in some reference cell
+
+
+def _decode_by_type(same: pd.DataFrame, type_bytes: dict, kv_bytes: float) -> tuple[float, str] | None:
+    """Decode t/s from the time a token takes per byte of each tensor type, fitted (non-negative least squares) on
+    the reference cells at this shape, every quant of every model: a quant's name does not say its tensors' types
+    (llama-quantize gives a tensor whose rows are not a multiple of 256 another type: SmolLM2's q4_k_m is half Q5_0),
+    and each type's kernel moves its bytes at its own rate. The KV cache read counts as F16. None where a reference
+    does not know its types, or a type that is TYPE_SHARE of the target's bytes is nowhere as large a share of a
+    reference's (its rate would be a guess): the quant's bytes a second then."""
+    if len(same) < 2 or same["type_bytes"].isna().any():
+        return None
+    feats = [
+        {**tb, "F16": tb.get("F16", 0.0) + kv} for tb, kv in zip(same["type_bytes"], same["kv_bytes"], strict=True)
+    ]
+    target = {**type_bytes, "F16": type_bytes.get("F16", 0.0) + kv_bytes}
+    types = sorted(set(target).union(*feats))
+    x = np.array([[f.get(t, 0.0) for t in types] for f in feats]) / 1e6
+    share = x / x.sum(axis=1, keepdims=True)
+    total = sum(target.values())
+    for j, t in enumerate(types):
+        if target.get(t, 0.0) >= TYPE_SHARE * total and not (share[:, j] >= TYPE_SHARE).any():
+            return None
+    from scipy.optimize import nnls
+
+    ms_per_mb, _ = nnls(x, 1000.0 / same["value"].to_numpy(dtype=float))
+    ms = float(np.array([target.get(t, 0.0) for t in types]) @ ms_per_mb) / 1e6
+    if ms <= 0:
+        return None
+    rates = ", ".join(f"{t} {1 / r:.1f} GB/s" for t, r in zip(types, ms_per_mb, strict=True) if r > 0 and target.get(t))
+    return 1000.0 / ms, f"the time a token took per byte of each tensor type on the other models ({rates})"
+
+
 def predict_one(
     refs: pd.DataFrame,
     metric: str,
@@ -298,10 +350,11 @@ def predict_one(
     kv: int,
     n_params_blocks: int | None = None,
     blocks_bytes: int | None = None,
+    type_bytes: dict | None = None,
 ) -> tuple[float, str, list[str]] | None:
     """One figure for a target (weights, parameters — its blocks' where known —, KV bytes a token, its blocks'
-    bytes) at `shape` (backend, threads, n_prompt, n_gen, n_depth) from a device's reference cells, with what it rests
-    on; None where nothing matches."""
+    bytes, its bytes by tensor type) at `shape` (backend, threads, n_prompt, n_gen, n_depth) from a device's reference
+    cells, with what it rests on; None where nothing matches."""
     same = refs[refs["metric"] == metric]
     for c in SHAPE_COLS:
         if c in shape:
@@ -321,6 +374,12 @@ def predict_one(
             return weights + kv * tokens + o + share * float(blocks_bytes or 0), how, models
         o = _overhead(same)
         return weights + kv * tokens + o, f"weights + KV + the {o / 2**20:.0f} MiB runtime overhead measured", models
+    if metric == "decode_tps" and type_bytes:
+        by_type = _decode_by_type(
+            same.assign(kv_bytes=same["kv"] * same.apply(_ctx, axis=1)), type_bytes, kv * _ctx(shape)
+        )
+        if by_type is not None:
+            return by_type[0], by_type[1], sorted(set(same["model"]))
     fam = family(quant)
     label, use = next(
         (label, same[pick])
@@ -369,6 +428,7 @@ def errors(c: pd.DataFrame) -> pd.DataFrame:
                 cell["kv"],
                 cell["n_params_blocks"],
                 cell["blocks_bytes"],
+                cell["type_bytes"],
             )
             if got is None or not got[0] or not cell["value"]:
                 continue
@@ -410,10 +470,28 @@ def conformal(abs_errors) -> float:
 
 
 MIRRORED = (
-    "{d}: two models — each predicted from the other, so on every quant both measured one's decode and prefill error "
+    "{d}: two models — each predicted from the other, so on every quant both measured one's {metrics} error "
     "is the other's mirrored, and the interval (the other's largest error) holds it by construction: this check "
-    "cannot test the interval until a third model is measured here"
+    "cannot test {those} interval until a third model is measured here"
 )
+
+
+def _mirrored(errs: pd.DataFrame, device: str) -> str:
+    """The note for a device with two models, naming the metrics whose errors are each other's mirrored on every
+    quant both measured (a figure scaled from the one other model's same quant is; decode fitted by tensor type on
+    all of its quants is not); "" where none is."""
+    if errs.empty:
+        return ""
+    mine = errs[(errs["device"] == device) & errs["metric"].isin(["decode_tps", "prefill_tps"])]
+    found = []
+    for metric, m in mine.groupby("metric"):
+        keys = [k for k in SHAPE_COLS if k in m.columns] + ["quant"]
+        e = m.pivot_table(index=keys, columns="model", values="error", aggfunc="first").dropna()
+        if e.shape[1] == 2 and len(e) and bool(np.allclose(e.iloc[:, 0], -e.iloc[:, 1], rtol=0, atol=1e-9)):
+            found.append(str(metric).removesuffix("_tps"))
+    if not found:
+        return ""
+    return MIRRORED.format(d=device, metrics=" and ".join(found), those="their" if len(found) > 1 else "its")
 
 
 def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[str]]:
@@ -427,7 +505,7 @@ def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str], li
         for d, n in models.items()
         if n < 2
     ]
-    notes = [MIRRORED.format(d=d) for d, n in models.items() if n == 2]
+    notes = [note for d, n in models.items() if n == 2 and (note := _mirrored(errs, str(d)))]
     if errs.empty:
         return pd.DataFrame(), errs, few, notes
     inside = []
@@ -483,6 +561,7 @@ def predict(
                     target.kv_bytes_per_token,
                     target.n_params_blocks,
                     target.blocks_bytes(q),
+                    target.type_files.get(q.lower()),
                 )
                 if got is None:
                     continue

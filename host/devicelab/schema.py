@@ -152,6 +152,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("n_layer", "int", CELL),
     Column("kv_bytes_per_token", "int", CELL, "B/tok"),
     Column("tensor_types", "json", CELL, fact=True),
+    Column("tensor_type_bytes", "json", CELL, fact=True),  # type -> bytes of its tensors (predict's decode)
     Column("base_note", "text", CELL, fact=True),
     Column("model_source", "json", CELL, fact=True),
     Column("imatrix", "json", CELL, fact=True),

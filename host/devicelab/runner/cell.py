@@ -93,6 +93,7 @@ def model_context(host, model: str, qf) -> dict:
         "n_layer": info.get("n_layer"),
         "kv_bytes_per_token": kv_per_tok,
         "tensor_types": qf.manifest["tensor_types"],
+        "tensor_type_bytes": info.get("tensor_type_bytes"),
         "base_note": host.base(model).manifest.get("note"),
         "model_source": host.model_source(model).provenance,
         "imatrix": qf.manifest.get("imatrix_from"),
