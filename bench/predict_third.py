@@ -17,7 +17,7 @@ interval and how many decode cells within ±15 %. Last line:
 
     python bench/predict_third.py [--lab-dir DIR] [--layers 24 --hidden 1024 --intermediate 2816]
 
-Cold: ≈ 1 min to make and convert the checkpoint, the three ladders' quantization, then 48 cells (≈ 10 min here)."""
+Cold here: ≈ 4 min (the checkpoint made and converted, the three ladders quantized, 24 cells); again: ≈ 1 min."""
 
 from __future__ import annotations
 
