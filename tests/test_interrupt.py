@@ -16,8 +16,7 @@ def session_on(tmp_path) -> DeviceSession:
     s = DeviceSession.__new__(DeviceSession)
     s.link = Link(SimpleNamespace(name="local"), None)
     s.link.t = LocalTransport(root=str(tmp_path / "wd"))
-    s.conditions = SimpleNamespace()
-    s.conditions.stopping = s._stopping = threading.Event()
+    s.conditions = SimpleNamespace(stopping=threading.Event())
     s.current_remote = None
     return s
 

@@ -274,7 +274,7 @@ class DeviceConditions:
         self.battery_source = ""
         self.provenance: dict = {}  # device-wide conditions (the governor pin)
         self.sources: sources.DeviceSources | None = None
-        self.stopping = threading.Event()  # the session's Ctrl-C
+        self.stopping = threading.Event()  # the session's Ctrl-C (DeviceSession.interrupt)
         self._warned: set[str] = set()
 
     def measure_first(self) -> None:
@@ -407,7 +407,6 @@ class DeviceSession:
         self.builds = Builds(self.link, host, events, tools)
         self.conditions = DeviceConditions(self.link, ledger, events, telemetry)
         self.current_remote: str | None = None  # the running cell's device folder (for interrupt)
-        self.conditions.stopping = self._stopping = threading.Event()  # Ctrl-C (the cooldown ends its wait)
         self._stack = ExitStack()
 
     def __enter__(self) -> DeviceSession:
@@ -478,7 +477,7 @@ class DeviceSession:
     @property
     def interrupted(self) -> bool:
         """Ctrl-C: the running cell is cut, whatever its payload did, and no payload starts after it."""
-        return self._stopping.is_set()
+        return self.conditions.stopping.is_set()
 
     def interrupt(self, patience_s: float = INTERRUPT_PATIENCE_S) -> None:
         """Ctrl-C from another thread: stop the running payload on the device (its runner then returns). A payload
@@ -486,7 +485,7 @@ class DeviceSession:
         seconds to write one) until it is found or is no longer the running one, rather than miss it and let it
         run to its end; the cell is cut either way (`interrupted`). The flag is set before the payload is looked
         for, and the cell looks at the flag after it names its payload, so one of the two sees the other."""
-        self._stopping.set()
+        self.conditions.stopping.set()  # the cooldown before a cell ends its wait too
         remote = self.current_remote
         if self.link.t is None or not remote:
             return
