@@ -79,13 +79,57 @@ def pytest_sessionfinish(session, exitstatus):
         p.wait(timeout=60)
 
 
+# ------------------------------------------------------------- where the suite's time goes: computing or waiting
+_usage: dict = {}  # test module -> [tests, seconds, CPU ticks busy, CPU ticks in all]
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """This machine's CPU time so far (/proc/stat's first line, every CPU): busy ticks (all but idle and iowait), and
+    all ticks."""
+    with open("/proc/stat") as fh:
+        v = [int(x) for x in fh.readline().split()[1:]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's seconds (its setup, call and teardown) and how busy the machine's CPUs were meanwhile, per module."""
+    import time
+
+    t0, (b0, a0) = time.monotonic(), _cpu_ticks()
+    yield
+    b1, a1 = _cpu_ticks()
+    u = _usage.setdefault(item.nodeid.split("::")[0], [0, 0.0, 0, 0])
+    u[0] += 1
+    u[1] += time.monotonic() - t0
+    u[2] += b1 - b0
+    u[3] += a1 - a0
+
+
+def usage_lines(usage: dict, top: int = 12) -> list[str]:
+    """The modules that took longest, each with the share of the machine's CPUs busy while it ran, and the suite's."""
+    cpus = os.cpu_count() or 1
+    out = []
+    for mod, (n, secs, busy, total) in sorted(usage.items(), key=lambda kv: -kv[1][1])[:top]:
+        out.append(f"{secs:7.1f} s  CPUs {busy / max(total, 1):4.0%} busy  {n:3d} tests  {mod}")
+    n, secs, busy, total = (sum(v[i] for v in usage.values()) for i in range(4))
+    out.append(f"{secs:7.1f} s  CPUs {busy / max(total, 1):4.0%} busy  {n:3d} tests  in all ({cpus} CPUs)")
+    return out
+
+
 def pytest_terminal_summary(terminalreporter):
-    """What the background builds made, and when (seconds from the suite's start)."""
+    """What the background builds made, and when (seconds from the suite's start); where the time went."""
     log = _prebuild.get("log")
     lines = [x for x in log.read_text(errors="replace").splitlines() if x.startswith("prebuild ")] if log else []
     if lines:
         terminalreporter.write_sep("-", "the suite's builds, made in the background (tests/prebuild.py)")
         for line in lines:
+            terminalreporter.write_line(line)
+    if _usage:
+        terminalreporter.write_sep(
+            "-", "the longest modules, and how busy this machine's CPUs were meanwhile (the background builds included)"
+        )
+        for line in usage_lines(_usage):
             terminalreporter.write_line(line)
 
 
