@@ -80,40 +80,35 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ------------------------------------------------------------- where the suite's time goes: computing or waiting
-_usage: dict = {}  # test module -> [tests, seconds, CPU ticks busy, CPU ticks in all]
-
-
-def _cpu_ticks() -> tuple[int, int]:
-    """This machine's CPU time so far (/proc/stat's first line, every CPU): busy ticks (all but idle and iowait), and
-    all ticks."""
-    with open("/proc/stat") as fh:
-        v = [int(x) for x in fh.readline().split()[1:]]
-    return sum(v) - v[3] - v[4], sum(v)
+_usage: dict = {}  # test module -> [tests, seconds, CPU-seconds the machine was busy]
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Each test's seconds (its setup, call and teardown) and how busy the machine's CPUs were meanwhile, per module."""
+    """Each test's seconds (its setup, call and teardown) and how busy the machine's CPUs were meanwhile (the lab's
+    own reading of /proc/stat, runner/host.py cpu_seconds), per module."""
     import time
 
-    t0, (b0, a0) = time.monotonic(), _cpu_ticks()
+    from devicelab.runner.host import cpu_seconds
+
+    t0, c0 = time.monotonic(), cpu_seconds()
     yield
-    b1, a1 = _cpu_ticks()
-    u = _usage.setdefault(item.nodeid.split("::")[0], [0, 0.0, 0, 0])
+    c1 = cpu_seconds()
+    u = _usage.setdefault(item.nodeid.split("::")[0], [0, 0.0, 0.0])
     u[0] += 1
     u[1] += time.monotonic() - t0
-    u[2] += b1 - b0
-    u[3] += a1 - a0
+    u[2] += c1[0] - c0[0] if c0 and c1 else 0.0
 
 
 def usage_lines(usage: dict, top: int = 12) -> list[str]:
     """The modules that took longest, each with the share of the machine's CPUs busy while it ran, and the suite's."""
     cpus = os.cpu_count() or 1
+    share = lambda secs, busy: busy / max(secs * cpus, 1e-9)
     out = []
-    for mod, (n, secs, busy, total) in sorted(usage.items(), key=lambda kv: -kv[1][1])[:top]:
-        out.append(f"{secs:7.1f} s  CPUs {busy / max(total, 1):4.0%} busy  {n:3d} tests  {mod}")
-    n, secs, busy, total = (sum(v[i] for v in usage.values()) for i in range(4))
-    out.append(f"{secs:7.1f} s  CPUs {busy / max(total, 1):4.0%} busy  {n:3d} tests  in all ({cpus} CPUs)")
+    for mod, (n, secs, busy) in sorted(usage.items(), key=lambda kv: -kv[1][1])[:top]:
+        out.append(f"{secs:7.1f} s  CPUs {share(secs, busy):4.0%} busy  {n:3d} tests  {mod}")
+    n, secs, busy = (sum(v[i] for v in usage.values()) for i in range(3))
+    out.append(f"{secs:7.1f} s  CPUs {share(secs, busy):4.0%} busy  {n:3d} tests  in all ({cpus} CPUs)")
     return out
 
 
