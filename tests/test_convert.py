@@ -67,8 +67,11 @@ def test_checkpoint_imatrix_iquants_and_lora_in_a_real_run(tiny, host_build):
     src = rows.groupby("model").model_source.first().map(json.loads)
     assert src["tiny"]["kind"] == "checkpoint" and "lora" not in src["tiny"]
     assert src["tiny-ft"]["lora"]["spec"] == str(lora)
-    # the merged model is another model: its logits differ measurably from the base's
-    from llama_cpp import Llama
+    # the merged model is another model: its logits differ measurably from the base's (llama-cpp-python calling the
+    # host build's own library, as the host eval route does: CI installs it without one of its own)
+    from devicelab.build import library
+
+    Llama = library.load(library.ensure(host_build)).Llama
 
     files = {m: rows[(rows.model == m) & (rows.quant == "bf16")].model_sha256.iloc[0] for m in ("tiny", "tiny-ft")}
     assert files["tiny"] != files["tiny-ft"]

@@ -3,8 +3,11 @@ with lm-eval's API client over the transport's forwarded port, and log-likelihoo
 through llama-cpp-python, on SmolLM2-135M's ladder. The task files are tiny ones of our own making
 (recipes/tasks/lm-eval): they exercise the routes; they do not measure real-benchmark accuracy."""
 
+import importlib.util
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 from conftest import REPO, devicelab
@@ -68,7 +71,8 @@ recommend: {{context: 1024, max_kld_mean: 1, max_ppl_ratio: 5, min_accuracy: 0.3
 @pytest.fixture(scope="module")
 def routes(tmp_path_factory, host_build, smol_path):
     pytest.importorskip("lm_eval")
-    pytest.importorskip("llama_cpp")
+    if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: a lab binds its library (build/library.py)
+        pytest.skip("llama-cpp-python is not installed")
     d = tmp_path_factory.mktemp("lmeval")
     (d / "r.yaml").write_text(RECIPE)
     p = devicelab("run", d / "r.yaml", "--lab-dir", d / "lab", timeout=3600)
@@ -95,7 +99,7 @@ def test_generation_task_through_llama_server_on_the_device(routes):
     assert (rss > 50e6).all()
 
 
-def test_loglikelihood_task_on_the_host_through_llama_cpp_python(routes):
+def test_loglikelihood_task_on_the_host_through_llama_cpp_python(routes, host_build):
     from devicelab.ledger import Ledger
 
     d, r = routes
@@ -103,7 +107,10 @@ def test_loglikelihood_task_on_the_host_through_llama_cpp_python(routes):
     assert set(acc.index) == {"q8_0", "q2_k"}
     assert (acc.n.astype(int) == 12).all() and acc.stddev.notna().all()
     assert acc.value["q8_0"] > 0.5, acc.value  # easy items, chance is 25%
-    assert acc.eval_engine.str.startswith("llama-cpp-python 0.3.36").all()
+    # llama-cpp-python's bindings called the host build's own library (the lab's default source is the tree it
+    # vendors): the rows name that build, as a device's rows name theirs
+    assert acc.eval_engine.str.startswith(f"llama-cpp-python 0.3.36 on the host build {host_build.key}").all()
+    assert (acc.build_key == host_build.key).all() and (acc.build_commit == host_build.manifest["commit"]).all()
     # cached per (file, task files, engine): another lab (or device) with the same cell does not re-score
     only = d / "host-only.yaml"
     only.write_text("\n".join(l for l in RECIPE.splitlines() if "server-generate" not in l))
@@ -143,3 +150,29 @@ def test_a_server_that_cannot_start_fails_its_cell_with_the_reason(tmp_path, hos
     assert st == {"eval": "failed", "bench": "done"}, st
     err = con.execute("SELECT error FROM cells WHERE payload='eval'").fetchone()[0]
     assert "llama-server exited before it was ready" in err and "\n" not in err.strip()
+
+
+def test_the_host_builds_objects_are_the_library_llama_cpp_python_calls(host_build, tmp_path):
+    """The host build's static archives, linked whole into libllama.so (build/library.py): llama-cpp-python, in a
+    process of its own, binds that file (not a library of its own) and scores with it; a llama.cpp that is not the
+    tree the bindings vendor is refused with the reason."""
+    from devicelab.build import library
+    from devicelab.build.source import SourceTree
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed")
+    lib = library.ensure(host_build)
+    assert lib.path == host_build.dir / "lib" / "libllama.so" and lib.build_key == host_build.key
+    assert library.ensure(host_build) == lib  # linked once: the second asks finds it
+    code = (
+        "import sys; from pathlib import Path; from devicelab.build import library; "
+        "lib = library.Library(Path(sys.argv[1]), 'x', 'k', 'c'); ll = library.load(lib); "
+        "print(ll.llama_cpp._lib._name); print(ll.llama_print_system_info().decode())"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(lib.path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    bound, info = p.stdout.splitlines()[:2]
+    assert bound == str(lib.path) and "CPU :" in info, p.stdout
+    other = SourceTree(path=tmp_path, commit="0" * 40, origin="git:elsewhere@0", dirty=False)
+    why = library.mismatch(other)
+    assert why and "is not the one llama-cpp-python 0.3.36 vendors" in why, why

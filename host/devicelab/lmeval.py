@@ -19,12 +19,15 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import yaml
 
 from .errors import DevicelabError
 from .schema import Row, missing
+
+if TYPE_CHECKING:
+    from .build.library import Library
 
 GENERATE = {"generate_until"}
 LOGLIKELIHOOD = {"multiple_choice", "loglikelihood"}
@@ -282,15 +285,17 @@ def _refused(task: str, output_type: str) -> DevicelabError:
     return DevicelabError(why)
 
 
-def host_lm(model_path: Path, n_ctx: int, threads: int):
-    """An lm-eval LM that scores log-likelihoods in-process with llama-cpp-python on the GGUF file."""
+def host_lm(model_path: Path, n_ctx: int, threads: int, lib: Library | None):
+    """An lm-eval LM that scores log-likelihoods in-process with llama-cpp-python on the GGUF file, its bindings
+    calling `lib` (the host build's own libllama.so; None: llama-cpp-python's own library)."""
+    import importlib.util
+
+    from .build import library
+
     _lm_eval()
-    try:
-        import llama_cpp
-    except ImportError:
-        raise DevicelabError(
-            "route host-loglikelihood needs llama-cpp-python: pip install 'devicelab[evals]'"
-        ) from None
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise DevicelabError("route host-loglikelihood needs llama-cpp-python: pip install 'devicelab[evals]'")
+    llama_cpp = library.load(lib)
     import numpy as np
     from lm_eval.api.model import LM
 
@@ -349,15 +354,18 @@ def host_lm(model_path: Path, n_ctx: int, threads: int):
             raise _refused("(generation)", "generate_until")
 
     lm = LlamaCppLM()
+    build = lib.build_key if lib is not None else None
     lm.provenance = {
-        "eval_engine": f"llama-cpp-python {llama_cpp.__version__}",
+        "eval_engine": f"llama-cpp-python {llama_cpp.__version__}"
+        + (f" on the host build {build}" if build else " (its own library)"),
         "eval_engine_system_info": _system_info(),
+        **(lib.provenance() if lib is not None else {}),
     }
     return lm
 
 
 def _system_info() -> str | None:
-    """llama.cpp's system info line of llama-cpp-python's own build (its CPU features)."""
+    """llama.cpp's system info line of the library llama-cpp-python calls (its CPU features)."""
     try:
         import llama_cpp
 

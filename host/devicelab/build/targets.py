@@ -83,7 +83,9 @@ def local_native() -> Target:
     """This host's own build (-march=native), without ggml's AMX kernels where the CPU has AMX (see NO_AMX)."""
     arch = platform.machine().lower()
     system = platform.system().lower()
-    flags = {"GGML_NATIVE": "ON"}
+    # position-independent objects: besides its static tools, the same objects link into the libllama.so that
+    # llama-cpp-python loads for the host log-likelihood route (build/library.py), so llama.cpp compiles once here
+    flags = {"GGML_NATIVE": "ON", "CMAKE_POSITION_INDEPENDENT_CODE": "ON"}
     if system == "darwin":
         flags["GGML_METAL"] = "ON"
     if "amx_int8" in host_cpu_flags():

@@ -203,6 +203,8 @@ def host_eval(host, model: str, quant: str, P: dict) -> dict:
         sorted(p for p in include.rglob("*") if p.is_file() and not p.name.endswith(".sha256.json")) if include else []
     )
     versions = lmeval.versions()
+    lib = host.eval_library()  # the host build's libllama.so (None: llama-cpp-python's own), before the key
+    versions["library_sha256"] = lib.sha256 if lib is not None else None
     tasks_digest = [(str(p.relative_to(include)), hashlib.sha256(p.read_bytes()).hexdigest()) for p in files]
     key = hashlib.sha256(
         json.dumps([qf.sha256, tasks_digest, c.lm_tasks, c.limit, c.ctx, versions]).encode()
@@ -215,7 +217,7 @@ def host_eval(host, model: str, quant: str, P: dict) -> dict:
     with host.cpu.work(f"lm-eval {model} {quant} (host)"):
         # one core left free: llama.cpp's OpenMP threads spin at barriers, and one thread per core
         # with anything else running slows scoring ~30× (this 2-core VM: 0.24 s vs 7.8 s a request)
-        lm = lmeval.host_lm(qf.path, c.ctx, c.threads or max(1, (os.cpu_count() or 2) - 1))
+        lm = lmeval.host_lm(qf.path, c.ctx, c.threads or max(1, (os.cpu_count() or 2) - 1), lib)
         res = lmeval.evaluate("host-loglikelihood", lm, c.lm_tasks, include, c.limit)
     kept = keep(res)
     kept["provenance"] = {**lm.provenance, **versions, "seconds": time.time() - t0}
@@ -348,11 +350,11 @@ class Eval(Kind[EvalCell]):
             prov = res["provenance"]
             rows = lmeval.rows(res, route)
             rows.append(Row(metric="wall_seconds", value=prov["seconds"], phase="cell", test="lm-eval on the host"))
-            ctx = {
+            ctx = {  # the host build whose library llama-cpp-python called (older results: its own library)
                 "target": "host (llama-cpp-python)",
-                "build_commit": prov["eval_engine"],
+                "build_commit": prov.get("eval_library_build_commit") or prov["eval_engine"],
                 "build_flags": {"system_info": prov.get("eval_engine_system_info")},
-                "build_key": None,
+                "build_key": prov.get("eval_library_build_key"),
                 "eval_engine": f"{prov['eval_engine']} + lm-eval {prov.get('lm_eval')}",
             }
             return Parsed(rows, context=ctx)

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 from .. import kinds, paths, recipe_paths
 from ..build import cache as buildcache
+from ..build import library, targets
 from ..build import source as sourcemod
-from ..build import targets
 from ..errors import DevicelabError
 from ..models import convert, gguf_info, store
 from ..models.ladder import Ladder, QuantFile
@@ -272,6 +272,27 @@ class HostWork:
         tools it uses, and a later run adds what it needs to the same build."""
         tgt = targets.local_native()
         return self.build(dataclasses.replace(tgt, tools=tools) if tools else tgt)
+
+    def eval_library(self) -> library.Library | None:
+        """The libllama.so llama-cpp-python calls for host evals: the host build's own, linked from its objects
+        (build/library.py), where this lab's llama.cpp is the one the bindings vendor; elsewhere
+        llama-cpp-python's own library (None), or one line saying neither can serve."""
+
+        def make():
+            why = library.mismatch(self.src)
+            if why is None:
+                b = self.host_build("llama-quantize")  # the archives a ladder's quantizing makes anyway
+                with self.cpu.work(f"link {library.NAME}"):
+                    return library.ensure(b)
+            if library.own() is None:
+                raise DevicelabError(
+                    f"route host-loglikelihood: {why}, and {library.BINDINGS} has no library of its own (installed "
+                    f"with -DLLAMA_BUILD=OFF): run with the default source, or reinstall {library.BINDINGS} with "
+                    "its own library"
+                )
+            return None
+
+        return self.once(("eval-library",), make)
 
     # ---- ladders ----
     def ladder(self, model: str) -> Ladder:
