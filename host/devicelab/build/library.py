@@ -62,13 +62,15 @@ def mismatch(src: SourceTree) -> str | None:
     v = bindings_version()
     if v is None:
         return f"{BINDINGS} is not installed"
+    if platform.system() != "Linux":
+        return f"a build's objects are linked into {NAME} on Linux only (this is {platform.system()})"
     if src.dirty:
         return f"this lab's llama.cpp ({src.origin}) has edited files"
     try:
         vendored = sourcemod.resolve(f"pypi:{BINDINGS}=={v}")
     except DevicelabError as e:
         return f"the llama.cpp that {BINDINGS} {v} vendors cannot be looked up ({e})"
-    if vendored.commit != src.commit:
+    if vendored.commit != src.commit or vendored.dirty:
         return f"this lab's llama.cpp ({src.origin}, {src.short}) is not the one {BINDINGS} {v} vendors " + (
             f"({vendored.short})"
         )
