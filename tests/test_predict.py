@@ -65,6 +65,61 @@ def test_a_prompt_token_multiplies_the_blocks_parameters(smol_path):
     assert shape.blocks_bytes("q8_0") == int(info.n_params_blocks * pr.NOMINAL_BPW["q8_0"] / 8)
 
 
+def test_the_blocks_matrices_by_tensor_type_and_their_rows(smol_path):
+    """The real SmolLM2 file's block matrices: their parameters by tensor type add up to the blocks' (less the
+    per-layer norm vectors), and their rows are SmolLM2's shapes' (config.json: 576 wide, 9 heads of 64 and 3 KV
+    heads, 1536 in the MLP): a layer's rows are q 576 + k 192 + v 192 + o 576 + gate 1536 + up 1536 + down 576."""
+    from gguf import GGUFReader
+
+    info = gguf_info.read(smol_path)
+    vectors = sum(int(t.n_elements) for t in GGUFReader(str(smol_path)).tensors if len(t.shape) == 1)
+    assert sum(info.blocks_type_params.values()) == info.n_params_blocks - (vectors - 576)  # less output_norm
+    assert info.n_rows_blocks == 30 * (576 + 192 + 192 + 576 + 1536 + 1536 + 576)
+    shape = pr.from_gguf(smol_path)
+    assert shape.block_type_files == {"q4_1": info.blocks_type_params} and shape.n_rows_blocks == info.n_rows_blocks
+
+
+def test_prefill_by_tensor_type_and_a_rows_own_cost():
+    """Prefill from the time a prompt token takes per block parameter of each type and per matrix row, fitted on
+    every reference cell at the shape, where the references are of two widths or more; references of one width (a
+    row's cost cannot be told from a parameter's), or without the facts (an older devicelab's rows), keep the
+    parameters a second of the same quant. Refs here are exact: Q4_0 0.01 ms a million parameters, Q8_0 0.02, a
+    row 0.5 ms a million."""
+    shape = {"backend": "cpu", "threads": 2, "n_prompt": 32, "n_gen": 0, "n_depth": 0}
+    ms = lambda tp, rows: 0.01 * tp.get("Q4_0", 0) / 1e6 + 0.02 * tp.get("Q8_0", 0) / 1e6 + 0.5 * rows / 1e6
+    widths = {"a": 576, "b": 640, "c": 1024}
+    refs = pd.DataFrame(
+        [
+            {"device": "d", "model": m, "quant": q, "metric": "prefill_tps", **shape, "kv": 0}
+            | {"value": 1000 / ms(tp, sum(tp.values()) / widths[m]), "type_params": tp}
+            | {"n_rows_blocks": sum(tp.values()) / widths[m], "model_bytes": 1e8, "n_params": 2e8}
+            | {"n_params_blocks": sum(tp.values())}
+            for m, q, tp in (
+                ("a", "q4_0", {"Q4_0": 90e6, "Q8_0": 10e6}),
+                ("a", "q8_0", {"Q8_0": 100e6}),
+                ("b", "q4_0", {"Q4_0": 80e6, "Q8_0": 20e6}),
+                ("b", "q8_0", {"Q8_0": 100e6}),
+                ("c", "q4_0", {"Q4_0": 250e6, "Q8_0": 30e6}),
+                ("c", "q8_0", {"Q8_0": 280e6}),
+            )
+        ]
+    )
+    target, rows = {"Q4_0": 380e6, "Q8_0": 20e6}, 400e6 / 1536
+    args = ("prefill_tps", "q4_0", shape, 2.5e8, 4.5e8, 0, 4e8, None, None)
+    got, how, models = pr.predict_one(refs, *args, target, rows)
+    assert got == pytest.approx(1000 / ms(target, rows), rel=1e-6) and "per matrix row" in how
+    assert "0.50 µs a thousand rows" in how and models == ["a", "b", "c"]
+    median_rate = float(np.median([r.value * r.n_params_blocks for r in refs.itertuples() if r.quant == "q4_0"]))
+    one_width = refs[refs.model != "c"]  # 576 and 640: one width
+    got, how, _ = pr.predict_one(one_width, *args, target, rows)
+    assert how.startswith("block parameters") and got == pytest.approx(
+        float(np.median([r.value * r.n_params_blocks for r in one_width.itertuples() if r.quant == "q4_0"])) / 4e8
+    )
+    older = refs.assign(type_params=None, n_rows_blocks=float("nan"))
+    got, how, _ = pr.predict_one(older, *args, target, rows)
+    assert how.startswith("block parameters") and got == pytest.approx(median_rate / 4e8)
+
+
 def test_peak_rss_adds_the_copy_a_quant_showed_per_byte_of_its_blocks():
     """Peak RSS: weights + KV + the models' own overhead (the least each showed in any quant; their median) + the
     share of the blocks' bytes that the other models' cells of the same quant held beyond it (a CPU backend that

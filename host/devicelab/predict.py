@@ -9,10 +9,12 @@ Per device, from the cells it measured of other models (same backend, threads an
 the same quant family, else any quant — each prediction names what it rests on):
 - decode reads every weight once a token, plus the KV cache so far: the bytes a second a reference cell moved,
   t/s × (weights + KV bytes a token × context), divided by the target's bytes a token;
-- prefill is compute: t/s × the references' parameters a prompt token is multiplied by, divided by the target's —
-  the repeating blocks' parameters where both headers gave them (the token embedding is looked up, not multiplied,
-  and the output head runs for a prompt's last token only: Gemma 3 270M's 262 k-token embedding is 63 % of its
-  parameters), else all parameters;
+- prefill is compute: where the references are of two widths or more, the time a prompt token takes per block
+  parameter of each tensor type and per matrix row (a dot product's own fixed cost), fitted on their cells; else t/s
+  × the references' parameters a prompt token is multiplied by, divided by the target's — the repeating blocks'
+  parameters where both headers gave them (the token embedding is looked up, not multiplied, and the output head
+  runs for a prompt's last token only: Gemma 3 270M's 262 k-token embedding is 63 % of its parameters), else all
+  parameters;
 - peak RSS is weights + KV at the cell's context + the runtime overhead the device measured (peak RSS − weights − KV
   of the references).
 
@@ -103,6 +105,9 @@ class Shape:
     n_params_blocks: int | None = None  # the repeating blocks' parameters (GGUF tensors blk.*), where known
     blocks_files: dict[str, int] = field(default_factory=dict)  # quant -> bytes of its blocks in a real file
     type_files: dict[str, dict] = field(default_factory=dict)  # quant -> {tensor type: bytes} of a real file
+    # quant -> {tensor type: parameters} of a real file's block matrices, and their rows (prefill by tensor type)
+    block_type_files: dict[str, dict] = field(default_factory=dict)
+    n_rows_blocks: int | None = None
 
     def blocks_bytes(self, quant: str) -> int | None:
         """The quant's bytes of the blocks' tensors: a real file's, else its nominal size; None where the blocks'
@@ -188,6 +193,8 @@ def from_info(info: gguf_info.ModelInfo, source: str | None = None) -> Shape:
         info.n_params_blocks,
         {q: info.blocks_bytes} if q and info.blocks_bytes else {},
         {q: dict(info.tensor_type_bytes)} if q and info.tensor_type_bytes else {},
+        {q: dict(info.blocks_type_params)} if q and info.blocks_type_params else {},
+        info.n_rows_blocks,
     )
 
 
@@ -202,11 +209,21 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
     if rows.empty or not need <= set(rows.columns):
         return pd.DataFrame()
     r = rows[rows["metric"].isin(METRICS) & pd.to_numeric(rows["value"], errors="coerce").notna()].copy()
-    for c in (*SHAPE_COLS, "model_bytes", "n_params", "n_params_blocks", "model_blocks_bytes", "kv_bytes_per_token"):
+    for c in (
+        *SHAPE_COLS,
+        "model_bytes",
+        "n_params",
+        "n_params_blocks",
+        "model_blocks_bytes",
+        "kv_bytes_per_token",
+        "n_rows_blocks",
+    ):
         r[c] = pd.to_numeric(r[c], errors="coerce") if c in r.columns else np.nan
     r["backend"] = rows["backend"].astype("string") if "backend" in rows.columns else ""
     tb = rows["tensor_type_bytes"] if "tensor_type_bytes" in rows.columns else pd.Series(None, index=rows.index)
     r["type_bytes"] = tb.loc[r.index].map(_type_bytes)
+    tp = rows["blocks_type_params"] if "blocks_type_params" in rows.columns else pd.Series(None, index=rows.index)
+    r["type_params"] = tp.loc[r.index].map(_type_bytes)
     r["value"] = pd.to_numeric(r["value"], errors="coerce").astype(float)
     if "cell_id" in r.columns:  # peak RSS: one a cell, at the most tokens its tests held
         tokens = (rows["n_prompt"].fillna(0) + rows["n_gen"].fillna(0) + rows["n_depth"].fillna(0)).astype(float)
@@ -229,13 +246,16 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
         blocks_bytes=("model_blocks_bytes", "max"),
         kv=("kv_bytes_per_token", "max"),
         type_bytes=("type_bytes", "first"),
+        type_params=("type_params", "first"),
+        n_rows_blocks=("n_rows_blocks", "max"),
     ).reset_index()
     out["kv"] = out["kv"].fillna(0)
     return out
 
 
 def _type_bytes(v) -> dict | None:
-    """A row's tensor_type_bytes (a JSON text in the ledger, a dict from a table) as {type: bytes}; None if unknown."""
+    """A row's tensor_type_bytes or blocks_type_params (a JSON text in the ledger, a dict from a table) as
+    {type: bytes or parameters}; None if unknown."""
     if isinstance(v, str):
         try:
             v = json.loads(v)
@@ -340,6 +360,45 @@ def _decode_by_type(same: pd.DataFrame, type_bytes: dict, kv_bytes: float) -> tu
     return 1000.0 / ms, f"the time a token took per byte of each tensor type on the other models ({rates})"
 
 
+WIDTH_SPREAD = 1.25  # the references' parameters a row must differ this much for a row's own cost to be fitted
+
+
+def _prefill_by_type(same: pd.DataFrame, type_params: dict, n_rows: float) -> tuple[float, str] | None:
+    """Prefill t/s from the time a prompt token takes per parameter of each tensor type in the blocks' matrices and
+    per matrix row, fitted (non-negative least squares) on the reference cells at this shape, every quant of every
+    model: each type's kernel multiplies at its own rate, and each row is a dot product with a fixed cost of its own,
+    which weighs more in a narrow model's short rows (a 1024-wide model prefilled 1.2–1.5× the parameters a second of
+    a 576-wide one here). None where a reference lacks them, the references are of one width (a row's cost and a
+    parameter's cannot be told apart: SmolLM2's 576 and Gemma 3 270M's 640 are one width), or a type that is
+    TYPE_SHARE of the target's parameters is nowhere as large a share of a reference's: the parameters a second of
+    the same quant then."""
+    if len(same) < 3 or same["model"].nunique() < 2:
+        return None
+    if same["type_params"].isna().any() or same["n_rows_blocks"].isna().any() or not n_rows:
+        return None
+    width = [sum(tp.values()) / r for tp, r in zip(same["type_params"], same["n_rows_blocks"], strict=True)]
+    if max(width) < WIDTH_SPREAD * min(width):
+        return None
+    types = sorted(set(type_params).union(*same["type_params"]))
+    x = np.array([[tp.get(t, 0.0) for t in types] for tp in same["type_params"]]) / 1e6
+    share = x / x.sum(axis=1, keepdims=True)
+    total = sum(type_params.values())
+    for j, t in enumerate(types):
+        if type_params.get(t, 0.0) >= TYPE_SHARE * total and not (share[:, j] >= TYPE_SHARE).any():
+            return None
+    from scipy.optimize import nnls
+
+    x = np.column_stack([x, same["n_rows_blocks"].to_numpy(dtype=float) / 1e6])
+    ms_per, _ = nnls(x, 1000.0 / same["value"].to_numpy(dtype=float))
+    ms = float(np.array([*(type_params.get(t, 0.0) for t in types), n_rows]) @ ms_per) / 1e6
+    if ms <= 0:
+        return None
+    return 1000.0 / ms, (
+        "the time a prompt token took per parameter of each tensor type and per matrix row of the blocks on the "
+        f"other models ({ms_per[-1]:.2f} µs a thousand rows)"
+    )
+
+
 def predict_one(
     refs: pd.DataFrame,
     metric: str,
@@ -351,10 +410,13 @@ def predict_one(
     n_params_blocks: int | None = None,
     blocks_bytes: int | None = None,
     type_bytes: dict | None = None,
+    type_params: dict | None = None,
+    n_rows: int | None = None,
 ) -> tuple[float, str, list[str]] | None:
     """One figure for a target (weights, parameters — its blocks' where known —, KV bytes a token, its blocks'
-    bytes, its bytes by tensor type) at `shape` (backend, threads, n_prompt, n_gen, n_depth) from a device's reference
-    cells, with what it rests on; None where nothing matches."""
+    bytes, its bytes by tensor type, its block matrices' parameters by tensor type and their rows) at `shape`
+    (backend, threads, n_prompt, n_gen, n_depth) from a device's reference cells, with what it rests on; None where
+    nothing matches."""
     same = refs[refs["metric"] == metric]
     for c in SHAPE_COLS:
         if c in shape:
@@ -378,6 +440,10 @@ def predict_one(
         by_type = _decode_by_type(
             same.assign(kv_bytes=same["kv"] * same.apply(_ctx, axis=1)), type_bytes, kv * _ctx(shape)
         )
+        if by_type is not None:
+            return by_type[0], by_type[1], sorted(set(same["model"]))
+    if metric == "prefill_tps" and type_params and num(n_rows):
+        by_type = _prefill_by_type(same, type_params, float(n_rows or 0))
         if by_type is not None:
             return by_type[0], by_type[1], sorted(set(same["model"]))
     fam = family(quant)
@@ -429,6 +495,8 @@ def errors(c: pd.DataFrame) -> pd.DataFrame:
                 cell["n_params_blocks"],
                 cell["blocks_bytes"],
                 cell["type_bytes"],
+                cell["type_params"],
+                cell["n_rows_blocks"],
             )
             if got is None or not got[0] or not cell["value"]:
                 continue
@@ -562,6 +630,8 @@ def predict(
                     target.n_params_blocks,
                     target.blocks_bytes(q),
                     target.type_files.get(q.lower()),
+                    target.block_type_files.get(q.lower()),
+                    target.n_rows_blocks,
                 )
                 if got is None:
                     continue

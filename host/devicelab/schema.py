@@ -153,6 +153,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("kv_bytes_per_token", "int", CELL, "B/tok"),
     Column("tensor_types", "json", CELL, fact=True),
     Column("tensor_type_bytes", "json", CELL, fact=True),  # type -> bytes of its tensors (predict's decode)
+    Column("blocks_type_params", "json", CELL, fact=True),  # type -> parameters of the blocks' matrices (prefill)
+    Column("n_rows_blocks", "int", CELL),  # rows of the blocks' matrices (predict's prefill)
     Column("base_note", "text", CELL, fact=True),
     Column("model_source", "json", CELL, fact=True),
     Column("imatrix", "json", CELL, fact=True),

@@ -43,6 +43,10 @@ class ModelInfo:
     n_params_blocks: int | None = None
     # their bytes: what a CPU backend that repacks a quant type's weights for its kernels holds a second copy of
     blocks_bytes: int | None = None
+    # the blocks' matrices: parameters per tensor type (a prompt token's multiplies, by kernel), and their rows (a
+    # matrix row is one dot product a token: its fixed cost weighs more in a narrow model's short rows)
+    blocks_type_params: dict = field(default_factory=dict)
+    n_rows_blocks: int | None = None
 
     @property
     def bpw(self) -> float:
@@ -146,6 +150,8 @@ def read(path: Path) -> ModelInfo:
     n_params = 0
     n_blocks = 0
     blocks_bytes = 0
+    blocks_types: Counter[str] = Counter()
+    rows = 0
     parts = split_parts(path, _field(r, "split.count", 1) or 1)
     size = sum(p.stat().st_size for p in parts)
     for rr in [r] + [GGUFReader(str(p)) for p in parts[1:]]:
@@ -157,6 +163,9 @@ def read(path: Path) -> ModelInfo:
             n_params += int(t.n_elements)
             n_blocks += int(t.n_elements) if t.name.startswith("blk.") else 0
             blocks_bytes += int(t.n_bytes) if t.name.startswith("blk.") else 0
+            if t.name.startswith("blk.") and len(t.shape) >= 2 and int(t.shape[0]):  # shape: ggml's order, ne0 first
+                blocks_types[ty] += int(t.n_elements)
+                rows += int(t.n_elements) // int(t.shape[0])
     n_head = a("attention.head_count")
     n_embd = a("embedding_length")
     n_head_kv = a("attention.head_count_kv")
@@ -190,4 +199,6 @@ def read(path: Path) -> ModelInfo:
         tensor_types=dict(counts),
         tensor_type_bytes=dict(tbytes),
         tensor_type_params=dict(tparams),
+        blocks_type_params=dict(blocks_types),
+        n_rows_blocks=rows or None,
     )

@@ -53,6 +53,8 @@ QUANT_TYPES = {
 NEEDS_IMATRIX = {q for q in QUANT_TYPES if q.startswith("iq")}
 DEFAULT_LADDER = ["f16", "q8_0", "q5_k_m", "q5_0", "q4_k_m", "q4_0", "q3_k_m", "q2_k"]
 FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}  # general.file_type values of unquantized files
+# what a file's manifest keeps of its blocks (gguf_info.ModelInfo): a manifest written before one of them is read anew
+BLOCK_FACTS = ("n_params_blocks", "blocks_bytes", "blocks_type_params", "n_rows_blocks")
 
 
 def _file_type(quant: str) -> int | None:
@@ -126,9 +128,9 @@ def _cached(out: Path) -> QuantFile | None:
         man = json.loads(mp.read_text())
         if man.get("bytes") == out.stat().st_size:
             info = man.get("info")
-            if isinstance(info, dict) and not {"n_params_blocks", "blocks_bytes"} <= set(info):
+            if isinstance(info, dict) and not set(BLOCK_FACTS) <= set(info):
                 read = gguf_info.read(out)  # made by an older devicelab: read once more
-                info.update(n_params_blocks=read.n_params_blocks, blocks_bytes=read.blocks_bytes)
+                info.update({k: getattr(read, k) for k in BLOCK_FACTS})
                 try:
                     _write_manifest(out, man)
                 except OSError:  # a folder this process cannot write: read again next time

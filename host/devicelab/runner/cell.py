@@ -94,6 +94,8 @@ def model_context(host, model: str, qf) -> dict:
         "kv_bytes_per_token": kv_per_tok,
         "tensor_types": qf.manifest["tensor_types"],
         "tensor_type_bytes": info.get("tensor_type_bytes"),
+        "blocks_type_params": info.get("blocks_type_params"),
+        "n_rows_blocks": info.get("n_rows_blocks"),
         "base_note": host.base(model).manifest.get("note"),
         "model_source": host.model_source(model).provenance,
         "imatrix": qf.manifest.get("imatrix_from"),
