@@ -153,7 +153,9 @@ def load(lib: Library | None):
     if "llama_cpp" not in sys.modules:
         if lib is not None:
             os.environ["LLAMA_CPP_LIB_PATH"] = str(lib.path.parent)
-        elif own() is None:
+        else:  # its own: not one a parent process (or the shell) pointed it at
+            os.environ.pop("LLAMA_CPP_LIB_PATH", None)
+        if lib is None and own() is None:
             raise DevicelabError(
                 f"{BINDINGS} has no llama library of its own (installed with -DLLAMA_BUILD=OFF): reinstall it with "
                 f"one (pip install --force-reinstall --no-cache-dir {BINDINGS}=={bindings_version()})"

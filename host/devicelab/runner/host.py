@@ -279,6 +279,8 @@ class HostWork:
         llama-cpp-python's own library (None), or one line saying neither can serve."""
 
         def make():
+            if library.bindings_version() is None:
+                raise DevicelabError("route host-loglikelihood needs llama-cpp-python: pip install 'devicelab[evals]'")
             why = library.mismatch(self.src)
             if why is None:
                 b = self.host_build("llama-quantize")  # the archives a ladder's quantizing makes anyway
