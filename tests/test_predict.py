@@ -150,6 +150,44 @@ def test_peak_rss_adds_the_copy_a_quant_showed_per_byte_of_its_blocks():
     assert got == pytest.approx((170 + 80) * MB) and "blocks" not in how
 
 
+def test_peak_rss_by_vocabulary_layers_and_the_types_a_backend_repacks():
+    """Peak RSS where the rows know their layers, vocabulary and block parameters by tensor type: each model's own
+    overhead (its leanest quant's) fitted as a fixed part + a part a layer + a part a vocabulary token, and the copy
+    a quant's cells held beyond it as a share of each type's block bytes (ggml's block sizes: Q4_0 18 bytes a 32, Q8_0
+    34) — measured on this machine, Q4_0 held a whole copy and Q8_0 none, whatever the quant's name. Exact references
+    give the target's figure back; a target without its types, or rows without them, keep the rule by quant."""
+    MiB = 2**20
+    shape = {"backend": "cpu", "threads": 2, "n_prompt": 48, "n_gen": 0, "n_depth": 0}
+    own = lambda layers, vocab: 10 * MiB + 0.5 * MiB * layers + 100 * vocab
+    q4, q8 = 18 / 32, 34 / 32  # bytes a parameter
+    rows = []
+    for m, layers, vocab, params in (("a", 10, 1000, 40e6), ("b", 20, 100_000, 80e6), ("c", 30, 20_000, 120e6)):
+        for q, types, copy in (("q8_0", {"Q8_0": params}, 0.0), ("q4_0", {"Q4_0": params}, q4 * params)):
+            weights = params * (q4 if q == "q4_0" else q8) + 5 * MiB
+            rows.append(
+                {"device": "d", "model": m, "quant": q, "metric": "peak_rss", **shape, "kv": 0}
+                | {"value": weights + own(layers, vocab) + copy, "model_bytes": weights, "n_params": params}
+                | {"n_params_blocks": params, "blocks_bytes": weights - 5 * MiB, "type_params": types}
+                | {"n_layer": layers, "n_vocab": vocab}
+            )
+    refs = pd.DataFrame(rows)
+    # the target: a q4_k_m whose rows were too short for Q4_K (half its blocks fell back to Q8_0), 16 layers and a
+    # vocabulary twice the largest reference's
+    types = {"Q4_0": 30e6, "Q8_0": 30e6}
+    weights = 30e6 * (q4 + q8) + 5 * MiB
+    args = ("peak_rss", "q4_k_m", shape, weights, 6e7, 0, 6e7, weights - 5 * MiB, None, types, None)
+    got, how, models = pr.predict_one(refs, *args, 16, 200_000)
+    assert got == pytest.approx(weights + own(16, 200_000) + q4 * 30e6, rel=1e-6) and models == ["a", "b", "c"]
+    assert "100 B a vocabulary token, 0.50 MiB a layer" in how and "(Q4_0 100%)" in how
+    # the target's types unknown (a described model): the quant's own share of the blocks' bytes, which no
+    # reference measured for q4_k_m — its overhead still by vocabulary and layers
+    got, how, _ = pr.predict_one(refs, *args[:-2], None, None, 16, 200_000)
+    assert got == pytest.approx(weights + own(16, 200_000), rel=1e-6) and "vocabulary" in how
+    older = refs.drop(columns=["n_layer", "n_vocab", "type_params"]).assign(n_layer=np.nan, n_vocab=np.nan)
+    got, how, _ = pr.predict_one(older.assign(type_params=None), *args, 16, 200_000)
+    assert "vocabulary" not in how and "MiB runtime overhead measured" in how
+
+
 def test_prefill_rests_on_the_blocks_parameters_where_every_header_gave_them():
     """The arithmetic of one prefill prediction: a reference's t/s × its parameters ÷ the target's — the blocks'
     where the target and every reference know them, else all parameters, and the basis says which."""

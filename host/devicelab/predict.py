@@ -16,7 +16,9 @@ the same quant family, else any quant — each prediction names what it rests on
   runs for a prompt's last token only: Gemma 3 270M's 262 k-token embedding is 63 % of its parameters), else all
   parameters;
 - peak RSS is weights + KV at the cell's context + the runtime overhead the device measured (peak RSS − weights − KV
-  of the references).
+  of the references): where the rows know them, a model's own overhead fitted by its layers and vocabulary, plus the
+  repacked copy of its blocks that the CPU backend keeps, fitted per tensor type; else the median overhead and the
+  share of the blocks' bytes the same quant held.
 
 The error, measured: each model the device measured is predicted from the device's other models (leave one model
 out); `errors` keeps each cell's log(predicted ÷ measured) per device, metric and quant family. A prediction's
@@ -217,6 +219,8 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
         "model_blocks_bytes",
         "kv_bytes_per_token",
         "n_rows_blocks",
+        "n_layer",
+        "n_vocab",
     ):
         r[c] = pd.to_numeric(r[c], errors="coerce") if c in r.columns else np.nan
     r["backend"] = rows["backend"].astype("string") if "backend" in rows.columns else ""
@@ -248,6 +252,8 @@ def cells(rows: pd.DataFrame) -> pd.DataFrame:
         type_bytes=("type_bytes", "first"),
         type_params=("type_params", "first"),
         n_rows_blocks=("n_rows_blocks", "max"),
+        n_layer=("n_layer", "max"),
+        n_vocab=("n_vocab", "max"),
     ).reset_index()
     out["kv"] = out["kv"].fillna(0)
     return out
@@ -283,7 +289,7 @@ def _repacked(rss: pd.DataFrame, quant: str) -> tuple[float, float] | None:
     depends on the CPU: Q4_0 and Q4_K on AVX2, say), so peak RSS grows with the blocks' bytes in those quants and not
     in others. A model's own overhead is the least it showed in any quant; the share is the median over the
     models that measured this quant. None where a model's blocks' bytes are not known, or one quant is all a
-    model measured (its overhead cannot be told from a copy)."""
+    model measured (its overhead cannot be told from a copy). The rule where the tensor types are not known."""
     if rss["blocks_bytes"].isna().any() or rss.groupby("model")["quant"].nunique().min() < 2:
         return None
     extra = _extra(rss)
@@ -293,6 +299,83 @@ def _repacked(rss: pd.DataFrame, quant: str) -> tuple[float, float] | None:
         return None
     share = ((extra[mine] - rss.loc[mine, "model"].map(own)) / rss.loc[mine, "blocks_bytes"]).clip(lower=0)
     return float(np.median(own)), float(np.median(share))
+
+
+def _type_bytes_of(params: dict) -> dict | None:
+    """{tensor type: bytes} of {tensor type: parameters}, from ggml's own block sizes (gguf's GGML_QUANT_SIZES)."""
+    import gguf
+
+    out = {}
+    for t, n in params.items():
+        try:
+            block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[t]]
+        except KeyError:
+            return None
+        out[t] = float(n) * size / block
+    return out
+
+
+def _own_overhead(rss: pd.DataFrame, n_layer, n_vocab) -> tuple[float, str] | None:
+    """A model's runtime overhead (peak RSS − weights − KV in its leanest quant), fitted on the other models' as a
+    fixed part + a part a layer (its tensors' and graph's bookkeeping) + a part a vocabulary token (the tokenizer's
+    tables: Gemma 3 270M's 262 k tokens held ≈ 35 MiB more than the random Llamas' 1 k here), non-negative least
+    squares: the layer part where three models or more were measured, the vocabulary's where two. None where a
+    reference or the target lacks its layers or vocabulary: the median overhead then."""
+    if not (num(n_layer) and num(n_vocab)) or rss["n_layer"].isna().any() or rss["n_vocab"].isna().any():
+        return None
+    if rss.groupby("model")["quant"].nunique().min() < 2:
+        return None
+    g = (
+        rss.assign(extra=_extra(rss))
+        .groupby("model")
+        .agg(own=("extra", "min"), n_layer=("n_layer", "max"), n_vocab=("n_vocab", "max"))
+    )
+    if len(g) < 2:
+        return None
+    cols = [np.ones(len(g)), g["n_vocab"].to_numpy(dtype=float) / 1e5]
+    target = [1.0, float(n_vocab) / 1e5]
+    if len(g) >= 3:
+        cols.append(g["n_layer"].to_numpy(dtype=float) / 10)
+        target.append(float(n_layer) / 10)
+    from scipy.optimize import nnls
+
+    coef, _ = nnls(np.column_stack(cols), g["own"].to_numpy(dtype=float) / 2**20)
+    mib_ = float(np.array(target) @ coef)
+    per = f"{coef[1] * 2**20 / 1e5:.0f} B a vocabulary token" + (
+        f", {coef[2] / 10:.2f} MiB a layer" if len(coef) > 2 else ""
+    )
+    return mib_ * 2**20, f"the {mib_:.0f} MiB runtime overhead the other models' vocabularies and layers give ({per})"
+
+
+def _copy_by_type(rss: pd.DataFrame, type_params: dict | None) -> tuple[float, str] | None:
+    """The bytes a quant's cells hold beyond their model's own overhead, as a share of the blocks' bytes of each
+    tensor type, fitted (non-negative least squares) on the other models' cells: ggml's CPU backend keeps a repacked
+    copy of the types its kernels want so (on this machine's AVX2: Q4_0, Q4_K and Q2_K whole, Q3_K, Q5_x, Q6_K, Q8_0
+    and F16 not), and a quant's name does not say its types (SmolLM2's q4_k_m is half Q5_0, so it held no copy; a
+    wide model's q4_k_m held one of 84 % of its blocks). None where a reference or the target lacks its types, or a
+    type that is TYPE_SHARE of the target's blocks is nowhere as large a share of a reference's."""
+    if not type_params or rss["type_params"].isna().any() or rss.groupby("model")["quant"].nunique().min() < 2:
+        return None
+    mine = _type_bytes_of(type_params)
+    got = [_type_bytes_of(tp) for tp in rss["type_params"]]
+    feats = [f for f in got if f is not None]
+    if mine is None or len(feats) < len(got):
+        return None
+    types = sorted(set(mine).union(*feats))
+    x = np.array([[f.get(t, 0.0) for t in types] for f in feats]) / 2**20
+    share = x / x.sum(axis=1, keepdims=True)
+    total = sum(mine.values())
+    for j, t in enumerate(types):
+        if mine.get(t, 0.0) >= TYPE_SHARE * total and not (share[:, j] >= TYPE_SHARE).any():
+            return None
+    extra = _extra(rss)
+    over = (extra - extra.groupby(rss["model"]).transform("min")).to_numpy(dtype=float) / 2**20
+    from scipy.optimize import nnls
+
+    held, _ = nnls(x, over)
+    copy = float(np.array([mine.get(t, 0.0) for t in types]) @ held) / 2**20
+    kept = ", ".join(f"{t} {h:.0%}" for t, h in zip(types, held, strict=True) if h >= 0.05 and mine.get(t))
+    return copy * 2**20, f"+ {copy:.0f} MiB, the copy of its blocks the other models held by type ({kept or 'none'})"
 
 
 def _ctx(c) -> float:
@@ -412,6 +495,8 @@ def predict_one(
     type_bytes: dict | None = None,
     type_params: dict | None = None,
     n_rows: int | None = None,
+    n_layer: int | None = None,
+    n_vocab: int | None = None,
 ) -> tuple[float, str, list[str]] | None:
     """One figure for a target (weights, parameters — its blocks' where known —, KV bytes a token, its blocks'
     bytes, its bytes by tensor type, its block matrices' parameters by tensor type and their rows) at `shape`
@@ -426,16 +511,21 @@ def predict_one(
     if metric == "peak_rss":
         tokens = float(shape.get("n_prompt", 0)) + float(shape.get("n_gen", 0)) + float(shape.get("n_depth", 0))
         models = sorted(set(same["model"]))
-        rep = _repacked(same, quant) if num(blocks_bytes) else None
-        if rep is not None:
-            o, share = rep
-            how = (
-                f"weights + KV + the {o / 2**20:.0f} MiB runtime overhead measured + {share:.0%} of the blocks' "
-                f"bytes, the copy the other models' {quant} held beside their weights"
+        own, copy = _own_overhead(same, n_layer, n_vocab), _copy_by_type(same, type_params)
+        rep = _repacked(same, quant) if num(blocks_bytes) and (own is None or copy is None) else None
+        if copy is None and rep is not None:
+            copy = (
+                rep[1] * float(blocks_bytes or 0),
+                f"+ {rep[1]:.0%} of the blocks' bytes, the copy the other models' {quant} held beside their weights",
             )
-            return weights + kv * tokens + o + share * float(blocks_bytes or 0), how, models
-        o = _overhead(same)
-        return weights + kv * tokens + o, f"weights + KV + the {o / 2**20:.0f} MiB runtime overhead measured", models
+        if own is None:
+            o = rep[0] if rep is not None else _overhead(same)
+            own = (o, f"the {o / 2**20:.0f} MiB runtime overhead measured")
+        return (
+            weights + kv * tokens + own[0] + (copy[0] if copy else 0.0),
+            " ".join(["weights + KV +", own[1], *([copy[1]] if copy else [])]),
+            models,
+        )
     if metric == "decode_tps" and type_bytes:
         by_type = _decode_by_type(
             same.assign(kv_bytes=same["kv"] * same.apply(_ctx, axis=1)), type_bytes, kv * _ctx(shape)
@@ -497,6 +587,8 @@ def errors(c: pd.DataFrame) -> pd.DataFrame:
                 cell["type_bytes"],
                 cell["type_params"],
                 cell["n_rows_blocks"],
+                cell["n_layer"],
+                cell["n_vocab"],
             )
             if got is None or not got[0] or not cell["value"]:
                 continue
@@ -632,6 +724,8 @@ def predict(
                     target.type_files.get(q.lower()),
                     target.block_type_files.get(q.lower()),
                     target.n_rows_blocks,
+                    target.n_layer,
+                    target.n_vocab,
                 )
                 if got is None:
                     continue

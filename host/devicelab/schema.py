@@ -150,6 +150,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("n_params_blocks", "int", CELL),
     Column("model_blocks_bytes", "int", CELL, "B"),
     Column("n_layer", "int", CELL),
+    Column("n_vocab", "int", CELL),  # the vocabulary's tokens (predict's peak RSS: the runtime's tables of them)
     Column("kv_bytes_per_token", "int", CELL, "B/tok"),
     Column("tensor_types", "json", CELL, fact=True),
     Column("tensor_type_bytes", "json", CELL, fact=True),  # type -> bytes of its tensors (predict's decode)

@@ -91,6 +91,7 @@ def model_context(host, model: str, qf) -> dict:
         "n_params_blocks": info.get("n_params_blocks"),
         "model_blocks_bytes": info.get("blocks_bytes"),
         "n_layer": info.get("n_layer"),
+        "n_vocab": info.get("n_vocab"),
         "kv_bytes_per_token": kv_per_tok,
         "tensor_types": qf.manifest["tensor_types"],
         "tensor_type_bytes": info.get("tensor_type_bytes"),
