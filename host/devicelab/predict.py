@@ -283,6 +283,11 @@ def _overhead(rss: pd.DataFrame) -> float:
     return float(np.median(_extra(rss)))
 
 
+def _one_quant_only(rss: pd.DataFrame) -> bool:
+    """Whether a model measured one quant only: its own overhead cannot be told from a copy of its weights."""
+    return bool(rss.groupby("model")["quant"].nunique().min() < 2)
+
+
 def _repacked(rss: pd.DataFrame, quant: str) -> tuple[float, float] | None:
     """(each model's own overhead, its median over the models; the share of the blocks' bytes that a quant's cells
     held beyond it) — ggml's CPU backend keeps a copy of some types' weights repacked for its kernels (which types
@@ -290,7 +295,7 @@ def _repacked(rss: pd.DataFrame, quant: str) -> tuple[float, float] | None:
     in others. A model's own overhead is the least it showed in any quant; the share is the median over the
     models that measured this quant. None where a model's blocks' bytes are not known, or one quant is all a
     model measured (its overhead cannot be told from a copy). The rule where the tensor types are not known."""
-    if rss["blocks_bytes"].isna().any() or rss.groupby("model")["quant"].nunique().min() < 2:
+    if rss["blocks_bytes"].isna().any() or _one_quant_only(rss):
         return None
     extra = _extra(rss)
     own = extra.groupby(rss["model"]).min()
@@ -323,7 +328,7 @@ def _own_overhead(rss: pd.DataFrame, n_layer, n_vocab) -> tuple[float, str] | No
     reference or the target lacks its layers or vocabulary: the median overhead then."""
     if not (num(n_layer) and num(n_vocab)) or rss["n_layer"].isna().any() or rss["n_vocab"].isna().any():
         return None
-    if rss.groupby("model")["quant"].nunique().min() < 2:
+    if _one_quant_only(rss):
         return None
     g = (
         rss.assign(extra=_extra(rss))
@@ -354,7 +359,7 @@ def _copy_by_type(rss: pd.DataFrame, type_params: dict | None) -> tuple[float, s
     and F16 not), and a quant's name does not say its types (SmolLM2's q4_k_m is half Q5_0, so it held no copy; a
     wide model's q4_k_m held one of 84 % of its blocks). None where a reference or the target lacks its types, or a
     type that is TYPE_SHARE of the target's blocks is nowhere as large a share of a reference's."""
-    if not type_params or rss["type_params"].isna().any() or rss.groupby("model")["quant"].nunique().min() < 2:
+    if not type_params or rss["type_params"].isna().any() or _one_quant_only(rss):
         return None
     mine = _type_bytes_of(type_params)
     got = [_type_bytes_of(tp) for tp in rss["type_params"]]
@@ -363,11 +368,8 @@ def _copy_by_type(rss: pd.DataFrame, type_params: dict | None) -> tuple[float, s
         return None
     types = sorted(set(mine).union(*feats))
     x = np.array([[f.get(t, 0.0) for t in types] for f in feats]) / 2**20
-    share = x / x.sum(axis=1, keepdims=True)
-    total = sum(mine.values())
-    for j, t in enumerate(types):
-        if mine.get(t, 0.0) >= TYPE_SHARE * total and not (share[:, j] >= TYPE_SHARE).any():
-            return None
+    if _unseen_type(x, types, mine):
+        return None
     extra = _extra(rss)
     over = (extra - extra.groupby(rss["model"]).transform("min")).to_numpy(dtype=float) / 2**20
     from scipy.optimize import nnls
@@ -413,6 +415,16 @@ class Predicted:
 TYPE_SHARE = 0.1  # a tensor type this large a share of the target's bytes must be as large in some reference cell
 
 
+def _unseen_type(x: np.ndarray, types: list[str], target: dict) -> bool:
+    """Whether a type that is TYPE_SHARE of the target's total is nowhere as large a share of a reference's (rows of
+    `x`, one column per type of `types`): its rate or share would be a guess."""
+    share = x / x.sum(axis=1, keepdims=True)
+    total = sum(target.values())
+    return any(
+        target.get(t, 0.0) >= TYPE_SHARE * total and not (share[:, j] >= TYPE_SHARE).any() for j, t in enumerate(types)
+    )
+
+
 def _decode_by_type(same: pd.DataFrame, type_bytes: dict, kv_bytes: float) -> tuple[float, str] | None:
     """Decode t/s from the time a token takes per byte of each tensor type, fitted (non-negative least squares) on
     the reference cells at this shape, every quant of every model: a quant's name does not say its tensors' types
@@ -428,11 +440,8 @@ def _decode_by_type(same: pd.DataFrame, type_bytes: dict, kv_bytes: float) -> tu
     target = {**type_bytes, "F16": type_bytes.get("F16", 0.0) + kv_bytes}
     types = sorted(set(target).union(*feats))
     x = np.array([[f.get(t, 0.0) for t in types] for f in feats]) / 1e6
-    share = x / x.sum(axis=1, keepdims=True)
-    total = sum(target.values())
-    for j, t in enumerate(types):
-        if target.get(t, 0.0) >= TYPE_SHARE * total and not (share[:, j] >= TYPE_SHARE).any():
-            return None
+    if _unseen_type(x, types, target):
+        return None
     from scipy.optimize import nnls
 
     ms_per_mb, _ = nnls(x, 1000.0 / same["value"].to_numpy(dtype=float))
@@ -464,11 +473,8 @@ def _prefill_by_type(same: pd.DataFrame, type_params: dict, n_rows: float) -> tu
         return None
     types = sorted(set(type_params).union(*same["type_params"]))
     x = np.array([[tp.get(t, 0.0) for t in types] for tp in same["type_params"]]) / 1e6
-    share = x / x.sum(axis=1, keepdims=True)
-    total = sum(type_params.values())
-    for j, t in enumerate(types):
-        if type_params.get(t, 0.0) >= TYPE_SHARE * total and not (share[:, j] >= TYPE_SHARE).any():
-            return None
+    if _unseen_type(x, types, type_params):
+        return None
     from scipy.optimize import nnls
 
     x = np.column_stack([x, same["n_rows_blocks"].to_numpy(dtype=float) / 1e6])
