@@ -80,7 +80,8 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ------------------------------------------------------------- where the suite's time goes: computing or waiting
-_usage: dict = {}  # test module -> [tests, seconds, CPU-seconds the machine was busy]
+_usage: dict = {}  # test module -> [tests, seconds, CPU-seconds the machine was busy, first start after the suite's]
+_suite_start: list = []
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -92,9 +93,11 @@ def pytest_runtest_protocol(item, nextitem):
     from devicelab.runner.host import cpu_seconds
 
     t0, c0 = time.monotonic(), cpu_seconds()
+    if not _suite_start:
+        _suite_start.append(t0)
     yield
     c1 = cpu_seconds()
-    u = _usage.setdefault(item.nodeid.split("::")[0], [0, 0.0, 0.0])
+    u = _usage.setdefault(item.nodeid.split("::")[0], [0, 0.0, 0.0, t0 - _suite_start[0]])
     u[0] += 1
     u[1] += time.monotonic() - t0
     u[2] += c1[0] - c0[0] if c0 and c1 else 0.0
@@ -105,7 +108,7 @@ def usage_lines(usage: dict, top: int = 12) -> list[str]:
     cpus = os.cpu_count() or 1
     share = lambda secs, busy: busy / max(secs * cpus, 1e-9)
     out = []
-    for mod, (n, secs, busy) in sorted(usage.items(), key=lambda kv: -kv[1][1])[:top]:
+    for mod, (n, secs, busy, *_) in sorted(usage.items(), key=lambda kv: -kv[1][1])[:top]:
         out.append(f"{secs:7.1f} s  CPUs {share(secs, busy):4.0%} busy  {n:3d} tests  {mod}")
     n, secs, busy = (sum(v[i] for v in usage.values()) for i in range(3))
     out.append(f"{secs:7.1f} s  CPUs {share(secs, busy):4.0%} busy  {n:3d} tests  in all ({cpus} CPUs)")
@@ -126,6 +129,17 @@ def pytest_terminal_summary(terminalreporter):
         )
         for line in usage_lines(_usage):
             terminalreporter.write_line(line)
+        from devicelab import paths
+
+        timeline = paths.sub("tmp") / "suite-timeline.txt"
+        cpus = os.cpu_count() or 1
+        timeline.write_text(
+            "".join(
+                f"{start:7.0f} s  {secs:7.1f} s  CPUs {busy / max(secs * cpus, 1e-9):4.0%} busy  {n:3d} tests  {mod}\n"
+                for mod, (n, secs, busy, start) in sorted(_usage.items(), key=lambda kv: kv[1][3])
+            )
+        )
+        terminalreporter.write_line(f"every module, from when it started: {timeline}")
 
 
 @pytest.fixture(scope="session")

@@ -85,14 +85,30 @@ def measuring(lock: Path) -> bool:
     return False
 
 
-def pause_while_measuring(lock: Path, stop: threading.Event) -> None:
+class Stops:
+    """Seconds a measurement held this host's CPUs, and seconds the compilers were stopped for one, so far."""
+
+    def __init__(self) -> None:
+        self.measured = 0.0
+        self.stopped = 0.0
+
+
+def pause_while_measuring(lock: Path, stop: threading.Event, stops: Stops | None = None) -> None:
     """Stop this process's compilers while a measurement holds the host's CPUs; let them go on when it ends."""
     import psutil
 
     me = psutil.Process()
     stopped: list = []
+    stops = stops or Stops()
+    last = time.monotonic()
     while not stop.wait(0.1):
         now = measuring(lock)
+        t = time.monotonic()
+        if now:
+            stops.measured += t - last
+        if stopped:
+            stops.stopped += t - last
+        last = t
         if now and not stopped:
             stopped = me.children(recursive=True)
             for p in stopped:
@@ -129,16 +145,23 @@ def main(names: list[str]) -> int:
     stop = threading.Event()
     lock = paths.sub("locks") / "host-cpus.lock"
     lock.touch()
-    threading.Thread(target=pause_while_measuring, args=(lock, stop), daemon=True).start()
+    stops = Stops()
+    threading.Thread(target=pause_while_measuring, args=(lock, stop, stops), daemon=True).start()
     start = time.time()
     for name in names:
-        t0 = time.time()
+        t0, s0 = time.time(), stops.stopped
         try:
             BUILDS[name]()
             said = f"ready in {time.time() - t0:.0f} s"
         except Exception as e:  # the test that needs it makes it again and says why
             said = f"failed after {time.time() - t0:.0f} s: {e}"
+        said += f" ({stops.stopped - s0:.0f} s of it stopped beside the suite's measurements)"
         print(f"prebuild {name}: {said}, {time.time() - start:.0f} s after the suite's start", flush=True)
+    print(
+        f"prebuild: measurements held this host's CPUs {stops.measured:.0f} s of the {time.time() - start:.0f} s"
+        " the builds took",
+        flush=True,
+    )
     stop.set()
     return 0
 
