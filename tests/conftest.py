@@ -103,15 +103,20 @@ def pytest_runtest_protocol(item, nextitem):
     u[2] += c1[0] - c0[0] if c0 and c1 else 0.0
 
 
+def usage_line(what: str, n: int, secs: float, busy: float) -> str:
+    """`what`'s seconds, the share of the machine's CPUs busy meanwhile, and its number of tests."""
+    share = busy / max(secs * (os.cpu_count() or 1), 1e-9)
+    return f"{secs:7.1f} s  CPUs {share:4.0%} busy  {n:3d} tests  {what}"
+
+
 def usage_lines(usage: dict, top: int = 12) -> list[str]:
     """The modules that took longest, each with the share of the machine's CPUs busy while it ran, and the suite's."""
-    cpus = os.cpu_count() or 1
-    share = lambda secs, busy: busy / max(secs * cpus, 1e-9)
-    out = []
-    for mod, (n, secs, busy, *_) in sorted(usage.items(), key=lambda kv: -kv[1][1])[:top]:
-        out.append(f"{secs:7.1f} s  CPUs {share(secs, busy):4.0%} busy  {n:3d} tests  {mod}")
+    out = [
+        usage_line(mod, n, secs, busy)
+        for mod, (n, secs, busy, _) in sorted(usage.items(), key=lambda kv: -kv[1][1])[:top]
+    ]
     n, secs, busy = (sum(v[i] for v in usage.values()) for i in range(3))
-    out.append(f"{secs:7.1f} s  CPUs {share(secs, busy):4.0%} busy  {n:3d} tests  in all ({cpus} CPUs)")
+    out.append(usage_line(f"in all ({os.cpu_count() or 1} CPUs)", n, secs, busy))
     return out
 
 
@@ -132,10 +137,9 @@ def pytest_terminal_summary(terminalreporter):
         from devicelab import paths
 
         timeline = paths.sub("tmp") / "suite-timeline.txt"
-        cpus = os.cpu_count() or 1
         timeline.write_text(
             "".join(
-                f"{start:7.0f} s  {secs:7.1f} s  CPUs {busy / max(secs * cpus, 1e-9):4.0%} busy  {n:3d} tests  {mod}\n"
+                f"{start:7.0f} s  {usage_line(mod, n, secs, busy)}\n"
                 for mod, (n, secs, busy, start) in sorted(_usage.items(), key=lambda kv: kv[1][3])
             )
         )

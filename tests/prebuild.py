@@ -93,13 +93,13 @@ class Stops:
         self.stopped = 0.0
 
 
-def pause_while_measuring(lock: Path, stop: threading.Event, stops: Stops | None = None) -> None:
-    """Stop this process's compilers while a measurement holds the host's CPUs; let them go on when it ends."""
+def pause_while_measuring(lock: Path, stop: threading.Event, stops: Stops) -> None:
+    """Stop this process's compilers while a measurement holds the host's CPUs; let them go on when it ends; count
+    both in `stops`."""
     import psutil
 
     me = psutil.Process()
     stopped: list = []
-    stops = stops or Stops()
     last = time.monotonic()
     while not stop.wait(0.1):
         now = measuring(lock)
