@@ -14,7 +14,8 @@ system/core/adb/protocol.txt, SERVICES.TXT and SYNC.TXT:
   getprop    answered from a props file (a `getprop` script on the PATH of the commands it runs)
 
 Fault knobs for tests: kill() drops the TCP connection and stops listening (the phone is unplugged);
-mute=True accepts connections but never answers CNXN (adb shows the device `offline`)."""
+mute=True accepts connections but answers nothing while it is set, CNXN included (adb shows the device `offline`):
+what it is sent meanwhile waits, and is answered once it is unset, as a stalled adbd that recovers would."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import stat
 import struct
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 A_SYNC, A_CNXN, A_AUTH, A_OPEN = 0x434E5953, 0x4E584E43, 0x48545541, 0x4E45504F
@@ -132,8 +134,9 @@ class Conn:
             while True:
                 cmd, a0, a1, ln, _chk, _magic = struct.unpack("<6I", self.recv_exact(24))
                 data = self.recv_exact(ln) if ln else b""
-                if not self.peer.mute:
-                    self.handle(cmd, a0, a1, data)
+                while self.peer.mute and self.peer.srv is not None:  # stalled; kill() unplugs it
+                    time.sleep(0.02)
+                self.handle(cmd, a0, a1, data)
         except (ConnectionError, OSError, struct.error):
             pass
         finally:

@@ -123,14 +123,15 @@ def test_offline_then_back_reconnects(adb, tmp_path):
     peer = make_peer(tmp_path, adb)
     peer.mute = True  # answers nothing: adb shows it offline
     serial = f"127.0.0.1:{peer.port}"
-    adb.connect(serial)
+    # adb's own connect waits 10 s for an answer that does not come; the server lists the phone offline at once
+    threading.Thread(target=adb.connect, args=(serial,), daemon=True).start()
     deadline = time.time() + 10
     while adb.state(serial) != "offline" and time.time() < deadline:
         time.sleep(0.1)
     assert adb.state(serial) == "offline"
     # bounded: with the phone still silent, the transport gives up with a retryable error
     with pytest.raises(RetryableError, match="offline after 1 reconnect tries"):
-        transport(adb, peer, tmp_path, reconnect_tries=1, reconnect_wait=0.2).connect()
+        transport(adb, peer, tmp_path, reconnect_tries=1, reconnect_wait=0.2, connect_timeout=1).connect()
     threading.Timer(1.0, lambda: setattr(peer, "mute", False)).start()
     t = transport(adb, peer, tmp_path, reconnect_tries=6, reconnect_wait=0.5)
     t.connect()  # came back within the bounded retries
@@ -344,7 +345,9 @@ def test_peer_killed_mid_cell_then_run_again(adb, tmp_path, source, host_build, 
         if st.get("running", 0) == 1:
             break
         time.sleep(0.05)
-    time.sleep(2.0)
+    phone = tmp_path / "phone-tmp"
+    while time.time() < deadline and not any("payload=" in f.read_text() for f in phone.rglob("pids")):
+        time.sleep(0.05)  # the payload started on the phone (the runner wrote its pid)
     peer.kill()  # the phone is unplugged mid-cell
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, out + err

@@ -407,12 +407,19 @@ def _device_clock(s: DeviceSession) -> float | None:
         return None
 
 
-def _payload_pid(s: DeviceSession, remote_out: str) -> str | None:
-    for _ in range(50):  # the runner writes its pids file right after starting
+def _payload_pid(s: DeviceSession, remote_out: str, th: threading.Thread) -> str | None:
+    """The server's pid from the runner's pids file, which it writes right after starting: read until it is there,
+    for 5 s at most, and once more after the runner has ended (`th`, the host thread waiting on it) — a runner
+    that ended without writing it never will (a server that could not be launched), and on a device each read is
+    a round trip (on an iPhone, a whole devicectl copy)."""
+    for _ in range(50):
+        ended = not th.is_alive()
         pid = read_pids(s.t, remote_out).get("payload")
         if pid:
             return pid[0]
-        time.sleep(0.1)
+        if ended:
+            return None
+        th.join(0.1)
     return None
 
 
@@ -460,7 +467,7 @@ def _serve_and_drive(r: CellRun, p: Payload) -> dict:
 
 def _stop_server(s: DeviceSession, p: Payload, th: threading.Thread) -> None:
     try:
-        pid = _payload_pid(s, p.remote)
+        pid = _payload_pid(s, p.remote, th)
         if pid:
             s.t.kill(pid)
             th.join(60)
@@ -485,5 +492,5 @@ def _wait_ready(r: CellRun, p: Payload, url: str, th: threading.Thread, timeout:
                     return
         except (urllib.error.URLError, OSError, ValueError):
             pass
-        time.sleep(0.5)
+        th.join(0.1 if time.time() - t0 < 10 else 0.5)  # a small model is ready in a second or two
     raise RetryableError(f"{r.cell.label()}: {server} was not ready after {timeout:.0f}s")

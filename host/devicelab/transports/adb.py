@@ -41,12 +41,14 @@ class ADBTransport(Transport):
         workdir: str | None = None,
         reconnect_tries: int = 3,
         reconnect_wait: float = 1.0,
+        connect_timeout: float = 10.0,
     ):
         self.name = name
         self.serial = serial
         self.client = AdbClient(host=adb_host, port=adb_port, socket_timeout=30)
         self._workdir = workdir or WORKDIR
-        self.tries, self.wait = reconnect_tries, reconnect_wait
+        self.tries, self.wait, self.connect_timeout = reconnect_tries, reconnect_wait, connect_timeout
+        self._gave_up = False  # the last connect() used up its tries: the next makes one check, no back-off
         self.dev: adbutils.AdbDevice | None = None
         self.v2 = False
         self._cli: str | None = None
@@ -77,15 +79,17 @@ class ADBTransport(Transport):
                     "set serial: in the lab file (see `adb devices`)"
                 )
             self.serial = devs[0].serial
-        for attempt in range(self.tries + 1):
+        tries = 0 if self._gave_up else self.tries
+        for attempt in range(tries + 1):
             st = self._state()
             if st is None and ":" in self.serial:  # Wi-Fi adb: host:port
                 try:
-                    self.client.connect(self.serial, timeout=10)
+                    self.client.connect(self.serial, timeout=self.connect_timeout)
                 except (AdbError, AdbTimeout, OSError):
                     pass
                 st = self._state()
             if st == "device":
+                self._gave_up = False
                 self.dev = self.client.device(self.serial)
                 try:
                     self.v2 = "shell_v2" in self.dev.get_features().split(",")
@@ -97,18 +101,27 @@ class ADBTransport(Transport):
                     f"phone {self.serial} ({self.name}) is unauthorized: unlock it and accept the "
                     "'Allow USB debugging?' prompt (tick 'Always allow'), then run again"
                 )
-            if attempt < self.tries:
+            if attempt < tries:
                 if st == "offline" and ":" in self.serial:
                     try:
                         self.client.disconnect(self.serial)
                     except (AdbError, OSError):
                         pass
-                time.sleep(self.wait * (attempt + 1))
+                self._back_off(self.wait * (attempt + 1))
+        self._gave_up = True  # a session's later steps (putting the phone back, the lane's check) do not wait again
         what = "offline" if st == "offline" else "not connected"
         raise RetryableError(
             f"phone {self.serial} ({self.name}) is {what} after {self.tries} reconnect tries; "
             "check the cable / Wi-Fi and `adb devices`, then run again"
         )
+
+    def _back_off(self, seconds: float) -> None:
+        """Wait `seconds` before the next try, or less: a phone plugged back in meanwhile is taken at once."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            time.sleep(min(0.2, left))
+            if self._state() == "device":
+                return
 
     def close(self) -> None:
         self.dev = None
