@@ -242,6 +242,43 @@ def fixture_board_run(tmp_path, root, name: str, bench: str, extra: str = ""):
     return devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab")
 
 
+class Hold:
+    """A lab entry's `exec_prefix` that lets each payload run, then holds it until the test lets it go: a test that
+    cuts a run mid-cell (Ctrl-C, a device lost) waits until the cells it cuts are held — running, whatever the load
+    on this machine — instead of making them long enough and hoping. Its `go` file set (release()), the payloads
+    end as they would without it, so the run that finishes the cut cells is quick."""
+
+    def __init__(self, d: Path, only: str = ""):
+        """only: hold just the payloads whose command line holds this text (a quant's file), run the others."""
+        import shlex
+
+        self.d = Path(d)
+        self.d.mkdir(parents=True, exist_ok=True)
+        q = shlex.quote(str(self.d))
+        self.script = self.d / "hold.sh"
+        self.script.write_text(
+            "#!/bin/sh\n"
+            + (f'case "$*" in *{shlex.quote(only)}*) ;; *) exec "$@" ;; esac\n' if only else "")
+            + f'"$@"\nrc=$?\n: > {q}/held.$$\nwhile [ ! -e {q}/go ]; do sleep 0.05; done\nexit $rc\n'
+        )
+        self.script.chmod(0o755)
+
+    def held(self) -> int:
+        return len(list(self.d.glob("held.*")))
+
+    def wait_held(self, n: int, proc, limit: float = 600) -> None:
+        """Until `n` payloads are held, while the run `proc` goes on."""
+        import time
+
+        deadline = time.time() + limit
+        while self.held() < n:
+            assert proc.poll() is None and time.time() < deadline, f"{self.held()} of {n} payloads held"
+            time.sleep(0.05)
+
+    def release(self) -> None:
+        (self.d / "go").touch()
+
+
 def ctrl_c_able():
     """preexec_fn for a run a test will Ctrl-C: SIGINT back to its default in the child. A test suite started as a
     background job of a non-interactive shell (`pytest … &`, nohup) runs with SIGINT ignored, every child inherits

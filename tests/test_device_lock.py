@@ -200,8 +200,10 @@ def test_ctrl_c_while_waiting_for_a_held_device_stops_at_once(tmp_path, host_bui
     stops waiting (the wait for a lock polls the run's stop), is waited for, and records its cells as cut."""
     from conftest import ctrl_c_able
 
-    long = RECIPE.replace("gen: [16]", "gen: [128]").replace("repetitions: 3", "repetitions: 8")
-    long = long.replace("[q4_1, q8_0]", "[q4_1, q8_0, q4_0]")  # B gets the host's CPUs between A's cells
+    # B asks for the device while A runs its first cell, or right after it (B's host work, if it waits, gets the
+    # host's CPUs between two of A's cells): when B has stopped, A's last cell at least is still to run
+    long = RECIPE.replace("gen: [16]", "gen: [128]")
+    long = long.replace("[q4_1, q8_0]", "[q4_1, q8_0, q4_0]")
     ra, rb = tmp_path / "a.yaml", tmp_path / "b.yaml"
     ra.write_text(long.format(name="hold-a"))
     rb.write_text(RECIPE.format(name="wait-b"))

