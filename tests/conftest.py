@@ -50,6 +50,7 @@ def pytest_collection_modifyitems(session, config, items):
         stage[it.module] = max(stage.get(it.module, 0), last)
     order = {id(it): i for i, it in enumerate(items)}
     items.sort(key=lambda it: (stage[it.module], order[id(it)]))
+    _start_beside(config, items)
     if wanted and os.environ.get("DEVICELAB_TEST_PREBUILD", "1") != "0" and not os.environ.get("PYTEST_XDIST_WORKER"):
         from devicelab import paths
 
@@ -66,8 +67,10 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """Stop the background builds (a stopped compiler too)."""
+    """Stop the background builds (a stopped compiler too), and the modules run beside if they still run."""
     import signal
+
+    _stop_beside()
 
     p = _prebuild.pop("proc", None)
     if p is not None and p.poll() is None:
@@ -77,6 +80,103 @@ def pytest_sessionfinish(session, exitstatus):
             except ProcessLookupError:
                 pass
         p.wait(timeout=60)
+
+
+# ------------------------------------------------------------- modules that mostly wait, run beside the others
+# A module marked `beside` spends its time waiting (shells sampling fixture trees at 10 Hz for seconds, at a few % of
+# one CPU): when the suite runs it with other modules, a second pytest process runs it from the start, beside them,
+# and its tests' reports (setup, call, teardown, as that process made them) are given here in their turn. Run alone
+# (`pytest tests/test_sampler.py`), it runs here as any module.
+_beside: dict = {}
+BESIDE_REPORTS = "DEVICELAB_BESIDE_REPORTS"  # set in the second process: the file its reports go to
+
+
+def _start_beside(config, items) -> None:
+    side = [it for it in items if it.get_closest_marker("beside")]
+    if not side or len(side) == len(items) or os.environ.get(BESIDE_REPORTS) or config.option.collectonly:
+        return
+    from devicelab import paths
+
+    tmp = paths.sub("tmp")
+    reports, log = tmp / "beside-reports.jsonl", tmp / "beside.log"
+    reports.unlink(missing_ok=True)
+    ids = [it.nodeid for it in side]
+    env = {**os.environ, BESIDE_REPORTS: str(reports), "DEVICELAB_TEST_PREBUILD": "0"}
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--basetemp"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [*argv, str(tmp / "beside-tmp"), *ids], cwd=config.rootpath, stdout=out, stderr=subprocess.STDOUT, env=env
+        )
+    import time
+
+    _beside.update(proc=proc, reports=reports, log=log, ids=set(ids), start=time.monotonic())
+    items[:] = [it for it in items if it.nodeid not in _beside["ids"]] + side  # given last: long done by then
+
+
+class _BesideReports:
+    """In the second process: every report, as pytest serializes it (as xdist does), to the file."""
+
+    def __init__(self, config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report):
+        import json
+
+        data = self.config.hook.pytest_report_to_serializable(config=self.config, report=report)
+        with open(os.environ[BESIDE_REPORTS], "a") as fh:
+            fh.write(json.dumps(data) + "\n")
+
+
+class _BesideGiven:
+    """Here: a test of a module run beside is given its reports from the second process (or one failure saying
+    why there is none) in its turn, instead of running."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        if item.nodeid not in _beside.get("ids", ()):
+            return None
+        reports = _beside_reports(item.config).get(item.nodeid)
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        if not reports:
+            from _pytest.reports import TestReport
+
+            why = f"the second pytest process (exit {_beside['rc']}) gave no report of this test: see {_beside['log']}"
+            reports = [TestReport(item.nodeid, item.location, {}, "failed", why, "call")]
+        for rep in reports:
+            item.ihook.pytest_runtest_logreport(report=rep)
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+
+def pytest_configure(config):
+    if os.environ.get(BESIDE_REPORTS):
+        config.pluginmanager.register(_BesideReports(config), "devicelab-beside-reports")
+    else:
+        config.pluginmanager.register(_BesideGiven(), "devicelab-beside-given")
+
+
+def _beside_reports(config) -> dict:
+    """nodeid -> the second process's reports, once it has ended (read once)."""
+    if "got" not in _beside:
+        import json
+        import time
+
+        rc = _beside["proc"].wait()
+        _beside.update(secs=time.monotonic() - _beside["start"], rc=rc)
+        got: dict = {}
+        path = _beside["reports"]
+        for line in path.read_text().splitlines() if path.exists() else []:
+            rep = config.hook.pytest_report_from_serializable(config=config, data=json.loads(line))
+            got.setdefault(rep.nodeid, []).append(rep)
+        _beside["got"] = got
+    return _beside["got"]
+
+
+def _stop_beside() -> None:
+    p = _beside.get("proc")
+    if p is not None and p.poll() is None:
+        p.kill()
+        p.wait()
 
 
 # ------------------------------------------------------------- where the suite's time goes: computing or waiting
@@ -96,6 +196,8 @@ def pytest_runtest_protocol(item, nextitem):
     if not _suite_start:
         _suite_start.append(t0)
     yield
+    if item.nodeid in _beside.get("ids", ()):
+        return
     c1 = cpu_seconds()
     u = _usage.setdefault(item.nodeid.split("::")[0], [0, 0.0, 0.0, t0 - _suite_start[0]])
     u[0] += 1
@@ -144,6 +246,12 @@ def pytest_terminal_summary(terminalreporter):
             )
         )
         terminalreporter.write_line(f"every module, from when it started: {timeline}")
+    if "secs" in _beside:
+        mods = sorted({i.split("::")[0] for i in _beside["ids"]})
+        terminalreporter.write_line(
+            f"beside them, from the start, in a second process: {len(_beside['ids'])} tests of {', '.join(mods)}"
+            f" in {_beside['secs']:.1f} s"
+        )
 
 
 @pytest.fixture(scope="session")

@@ -13,6 +13,8 @@ from test_sampler import SAMPLER, SHELLS
 from devicelab.telemetry import normalize, sampler_csv
 from devicelab.telemetry.sources import nvidia_smi
 
+pytestmark = pytest.mark.beside  # it mostly waits: the suite runs it beside the others (conftest.py)
+
 
 def _tree(root: Path, files: dict) -> Path:
     for rel, v in files.items():

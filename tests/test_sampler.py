@@ -17,6 +17,8 @@ from devicelab import paths
 from devicelab.telemetry import normalize, sampler_csv, units
 from devicelab.telemetry.sources import cpufreq, power_supply
 
+pytestmark = pytest.mark.beside  # it mostly waits: the suite runs it beside the others (conftest.py)
+
 # mksh: Android's /system/bin/sh
 SHELLS = [s for s in (["dash"], ["busybox", "sh"], ["mksh"]) if shutil.which(s[0])]
 SAMPLER = paths.device_payloads_dir() / "sampler.sh"
