@@ -50,7 +50,8 @@ def pytest_collection_modifyitems(session, config, items):
         stage[it.module] = max(stage.get(it.module, 0), last)
     order = {id(it): i for i, it in enumerate(items)}
     items.sort(key=lambda it: (stage[it.module], order[id(it)]))
-    _start_beside(config, items)
+    _stage.update({_module(it.nodeid): stage[it.module] for it in items})
+    _group_beside(config, items)
     if wanted and os.environ.get("DEVICELAB_TEST_PREBUILD", "1") != "0" and not os.environ.get("PYTEST_XDIST_WORKER"):
         from devicelab import paths
 
@@ -83,38 +84,72 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ------------------------------------------------------------- modules that mostly wait, run beside the others
-# A module marked `beside` spends its time waiting (shells sampling fixture trees at 10 Hz for seconds, at a few % of
-# one CPU): when the suite runs it with other modules, a second pytest process runs it from the start, beside them,
-# and its tests' reports (setup, call, teardown, as that process made them) are given here in their turn. Run alone
-# (`pytest tests/test_sampler.py`), it runs here as any module.
-_beside: dict = {}
-BESIDE_REPORTS = "DEVICELAB_BESIDE_REPORTS"  # set in the second process: the file its reports go to
+# A module marked `beside` spends its time waiting (shells sampling fixture trees at 10 Hz for seconds; a stand-in
+# Mac answering over SSH): when the suite runs it with other modules, a second pytest process runs it beside them —
+# from the start (`beside`), or from when this run reaches the modules that need a build (`beside("aarch64")`: none
+# of those judges a speed measured on this host) — and its tests' reports (setup, call, teardown, as that process
+# made them) are given here at the end. Run alone (`pytest tests/test_sampler.py`), a module runs here as any.
+BESIDE_REPORTS = "DEVICELAB_BESIDE_REPORTS"  # set in a second process: the file its reports go to
+_beside: dict = {}  # the build a group waits for ("" from the start) -> its state: ids, stage, and once started, proc
+_stage: dict = {}  # test module path -> its stage (BUILD_ORDER)
 
 
-def _start_beside(config, items) -> None:
+def _module(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def _group_beside(config, items) -> None:
+    """Take the tests of modules marked `beside` out of this process's order (they are given at the end), and
+    start the group that starts with the suite."""
     side = [it for it in items if it.get_closest_marker("beside")]
     if not side or len(side) == len(items) or os.environ.get(BESIDE_REPORTS) or config.option.collectonly:
         return
-    from devicelab import paths
+    for it in side:
+        after = (it.get_closest_marker("beside").args or ("",))[0]
+        g = _beside.setdefault(after, {"ids": [], "stage": BUILD_ORDER.index(after) + 1 if after else 0})
+        g["ids"].append(it.nodeid)
+    items[:] = [it for it in items if not it.get_closest_marker("beside")] + side
+    _start_beside(config, 0)
 
-    tmp = paths.sub("tmp")
-    reports, log = tmp / "beside-reports.jsonl", tmp / "beside.log"
-    reports.unlink(missing_ok=True)
-    ids = [it.nodeid for it in side]
-    env = {**os.environ, BESIDE_REPORTS: str(reports), "DEVICELAB_TEST_PREBUILD": "0"}
-    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "--basetemp"]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [*argv, str(tmp / "beside-tmp"), *ids], cwd=config.rootpath, stdout=out, stderr=subprocess.STDOUT, env=env
-        )
+
+def _start_beside(config, stage: int) -> None:
+    """Start every group whose stage this run has reached, each in a pytest process of its own."""
+    import threading
     import time
 
-    _beside.update(proc=proc, reports=reports, log=log, ids=set(ids), start=time.monotonic())
-    items[:] = [it for it in items if it.nodeid not in _beside["ids"]] + side  # given last: long done by then
+    from devicelab import paths
+
+    for after, g in _beside.items():
+        if "proc" in g or g["stage"] > stage:
+            continue
+        tmp = paths.sub("tmp")
+        tag = f"beside-{after or 'start'}"
+        g.update(reports=tmp / f"{tag}-reports.jsonl", log=tmp / f"{tag}.log", start=time.monotonic())
+        g["reports"].unlink(missing_ok=True)
+        env = {**os.environ, BESIDE_REPORTS: str(g["reports"]), "DEVICELAB_TEST_PREBUILD": "0"}
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+        with open(g["log"], "w") as out:
+            g["proc"] = subprocess.Popen(
+                [*argv, "--basetemp", str(tmp / f"{tag}-tmp"), *g["ids"]],
+                cwd=config.rootpath,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+
+        def ended(g=g):  # when it ended, for the summary (its reports are read only at the end)
+            g["proc"].wait()
+            g["secs"] = time.monotonic() - g["start"]
+
+        threading.Thread(target=ended, daemon=True).start()
+
+
+def _group_of(nodeid: str) -> dict | None:
+    return next((g for g in _beside.values() if nodeid in g["ids"]), None)
 
 
 class _BesideReports:
-    """In the second process: every report, as pytest serializes it (as xdist does), to the file."""
+    """In a second process: every report, as pytest serializes it (as xdist does), to the file."""
 
     def __init__(self, config):
         self.config = config
@@ -128,19 +163,23 @@ class _BesideReports:
 
 
 class _BesideGiven:
-    """Here: a test of a module run beside is given its reports from the second process (or one failure saying
-    why there is none) in its turn, instead of running."""
+    """Here: a group starts when this run reaches its stage; a test run beside is given its reports from its
+    process (or one failure saying why there is none) in its turn, instead of running."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        if item.nodeid not in _beside.get("ids", ()):
+        g = _group_of(item.nodeid)
+        if g is None:
+            if _beside:
+                _start_beside(item.config, _stage.get(_module(item.nodeid), 0))
             return None
-        reports = _beside_reports(item.config).get(item.nodeid)
+        _start_beside(item.config, g["stage"])  # this run never reached its stage: it starts now
+        reports = _beside_reports(item.config, g).get(item.nodeid)
         item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
         if not reports:
             from _pytest.reports import TestReport
 
-            why = f"the second pytest process (exit {_beside['rc']}) gave no report of this test: see {_beside['log']}"
+            why = f"the second pytest process (exit {g['rc']}) gave no report of this test: see {g['log']}"
             reports = [TestReport(item.nodeid, item.location, {}, "failed", why, "call")]
         for rep in reports:
             item.ihook.pytest_runtest_logreport(report=rep)
@@ -155,28 +194,26 @@ def pytest_configure(config):
         config.pluginmanager.register(_BesideGiven(), "devicelab-beside-given")
 
 
-def _beside_reports(config) -> dict:
-    """nodeid -> the second process's reports, once it has ended (read once)."""
-    if "got" not in _beside:
+def _beside_reports(config, g: dict) -> dict:
+    """nodeid -> a group's reports, once its process has ended (read once)."""
+    if "got" not in g:
         import json
-        import time
 
-        rc = _beside["proc"].wait()
-        _beside.update(secs=time.monotonic() - _beside["start"], rc=rc)
+        g["rc"] = g["proc"].wait()
         got: dict = {}
-        path = _beside["reports"]
-        for line in path.read_text().splitlines() if path.exists() else []:
+        for line in g["reports"].read_text().splitlines() if g["reports"].exists() else []:
             rep = config.hook.pytest_report_from_serializable(config=config, data=json.loads(line))
             got.setdefault(rep.nodeid, []).append(rep)
-        _beside["got"] = got
-    return _beside["got"]
+        g["got"] = got
+    return g["got"]
 
 
 def _stop_beside() -> None:
-    p = _beside.get("proc")
-    if p is not None and p.poll() is None:
-        p.kill()
-        p.wait()
+    for g in _beside.values():
+        p = g.get("proc")
+        if p is not None and p.poll() is None:
+            p.kill()
+            p.wait()
 
 
 # ------------------------------------------------------------- where the suite's time goes: computing or waiting
@@ -196,7 +233,7 @@ def pytest_runtest_protocol(item, nextitem):
     if not _suite_start:
         _suite_start.append(t0)
     yield
-    if item.nodeid in _beside.get("ids", ()):
+    if _group_of(item.nodeid) is not None:
         return
     c1 = cpu_seconds()
     u = _usage.setdefault(item.nodeid.split("::")[0], [0, 0.0, 0.0, t0 - _suite_start[0]])
@@ -246,12 +283,13 @@ def pytest_terminal_summary(terminalreporter):
             )
         )
         terminalreporter.write_line(f"every module, from when it started: {timeline}")
-    if "secs" in _beside:
-        mods = sorted({i.split("::")[0] for i in _beside["ids"]})
-        terminalreporter.write_line(
-            f"beside them, from the start, in a second process: {len(_beside['ids'])} tests of {', '.join(mods)}"
-            f" in {_beside['secs']:.1f} s"
-        )
+    for after, g in _beside.items():
+        if "secs" in g:
+            mods = ", ".join(sorted({_module(i) for i in g["ids"]}))
+            when = f"from the modules that need the {after} build" if after else "from the start"
+            terminalreporter.write_line(
+                f"beside them, {when}, in a second process: {len(g['ids'])} tests of {mods} in {g['secs']:.1f} s"
+            )
 
 
 @pytest.fixture(scope="session")

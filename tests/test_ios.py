@@ -29,7 +29,10 @@ from sshd_peer import SSHD, free_port
 from devicelab.errors import DevicelabError
 from devicelab.transports import devicectl
 
-pytestmark = pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server")
+pytestmark = [
+    pytest.mark.skipif(not Path(SSHD).exists(), reason="needs openssh-server"),
+    pytest.mark.beside("aarch64"),  # it mostly waits (a stand-in Mac over SSH): beside the modules needing that build
+]
 
 RECIPE = """
 name: ios-small
