@@ -239,12 +239,17 @@ class Sampler {
         fflush(f_);
     }
 
+    // the first tick here, before the tool starts: a thread that a loaded device schedules late would otherwise
+    // take none before a short tool returned (a doctor's probe run once had its last tick only)
     void start() {
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            row();
+        }
         th_ = std::thread([this] {
             std::unique_lock<std::mutex> lk(mu_);
-            while (!stop_) {
+            while (!cv_.wait_for(lk, std::chrono::milliseconds(interval_ms_), [this] { return stop_; })) {
                 row();
-                cv_.wait_for(lk, std::chrono::milliseconds(interval_ms_), [this] { return stop_; });
             }
         });
     }
