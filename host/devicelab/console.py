@@ -518,7 +518,7 @@ def print_predictions(target: Any, preds: list, mem: dict, context: int, as_json
             rng = (
                 f"{_figure(p.metric, p.lo)}–{_figure(p.metric, p.hi)}"
                 if p.lo is not None
-                else "not measured: the device has one model"
+                else "not measured: it needs two other models measured here"
             )
             t.add_row(
                 p.quant,

@@ -22,12 +22,15 @@ the same quant family, else any quant — each prediction names what it rests on
 
 The error, measured: each model the device measured is predicted from the device's other models (leave one model
 out); `errors` keeps each cell's log(predicted ÷ measured) per device, metric and quant family. A prediction's
-interval is ± the ⌈(n + 1) × 0.9⌉-th smallest of the n |log errors| of the models it did not rest on being held out
-(split-conformal: it holds a new cell ≥ 90 % of the time where the errors are exchangeable; the plain 90th
-percentile of n errors holds less — with 4 it leaves out the largest, a quarter); with fewer than 9 errors it is
-their largest, which holds n/(n + 1). A model's own check never sees its own error. Fewer than two models on a
-device: no interval, and it says so. With exactly two, each model's error on a quant is the other's mirrored
-(A predicted from B is B predicted from A, inverted), so the check cannot test the interval: it needs a third."""
+interval is ± the wider of two bounds on those |log errors| (`half_width`): the ⌈(n + 1) × 0.9⌉-th smallest of the n
+(split-conformal: it holds a new cell ≥ 90 % of the time where cells' errors are exchangeable; with fewer than 9
+their largest, which holds n/(n + 1)), and Student's t with as many degrees of freedom as the models the errors come
+from × their root mean square — a model's cells share its error, so three models' twelve cells are three draws of
+it, and their largest holds a fourth model's cells about 3/4 of the time. `predict --check` judges each held-out
+model's cells against the interval `predict` would have given before it was measured: from the other models'
+errors, each predicted without it. Fewer than two models on a device: no interval, and it says so; with exactly
+two, holding one out leaves one, whose error cannot be measured: the check cannot test the interval, it needs a
+third."""
 
 from __future__ import annotations
 
@@ -42,6 +45,7 @@ import pandas as pd
 
 from .candidate import DEFAULT_OVERHEAD, mib, num
 from .errors import DevicelabError
+from .models.gguf_info import kv_at
 
 if TYPE_CHECKING:
     from .models import gguf_info
@@ -110,6 +114,8 @@ class Shape:
     # quant -> {tensor type: parameters} of a real file's block matrices, and their rows (prefill by tensor type)
     block_type_files: dict[str, dict] = field(default_factory=dict)
     n_rows_blocks: int | None = None
+    n_swa: int | None = None  # sliding-window attention: the window, and the layers that slide (from the header)
+    swa_layers: int = 0
 
     def blocks_bytes(self, quant: str) -> int | None:
         """The quant's bytes of the blocks' tensors: a real file's, else its nominal size; None where the blocks'
@@ -125,6 +131,10 @@ class Shape:
     def kv_bytes_per_token(self) -> int:
         """F16 KV cache a token (K and V, every layer)."""
         return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * 2
+
+    def kv_bytes(self, context: int) -> int:
+        """F16 KV cache at `context`, the sliding layers holding their window (gguf_info.kv_cells)."""
+        return int(kv_at(self.kv_bytes_per_token, context, self.n_layer, self.n_swa, self.swa_layers))
 
     def weights(self, quant: str) -> tuple[int, str]:
         """The quant's bytes and how they were known."""
@@ -197,6 +207,8 @@ def from_info(info: gguf_info.ModelInfo, source: str | None = None) -> Shape:
         {q: dict(info.tensor_type_bytes)} if q and info.tensor_type_bytes else {},
         {q: dict(info.blocks_type_params)} if q and info.blocks_type_params else {},
         info.n_rows_blocks,
+        info.n_swa,
+        info.swa_layers,
     )
 
 
@@ -615,9 +627,15 @@ def errors(c: pd.DataFrame) -> pd.DataFrame:
 
 
 def half_width(errs: pd.DataFrame, device: str, metric: str, fam: str, leave_out: set[str]) -> float | None:
-    """± log half-width of a prediction's interval: of the n |log errors| of the device's held-out models other than
-    `leave_out`, for that metric and quant family (else every family), the ⌈(n + 1) × COVER⌉-th smallest — their
-    largest where n is smaller than that; None without them."""
+    """± log half-width of a prediction's interval from the device's held-out errors (of models other than
+    `leave_out`) for that metric and quant family (else every family): the wider of two bounds, None without errors.
+
+    - the split-conformal one: of the n |log errors|, the ⌈(n + 1) × COVER⌉-th smallest — their largest where n is
+      smaller than that; it holds a new cell COVER of the time where the cells' errors are exchangeable;
+    - Student's: t(COVER, k) × their root mean square, with as many degrees of freedom as the k models they come
+      from. A model's cells share its error (its width, its vocabulary, what its kernels make of it), so k models'
+      cells are k draws of it, not n: with three models the largest of their twelve cells is the largest of three
+      draws, which holds a fourth model's cells about 3/4 of the time, not 12/13."""
     if errs.empty:
         return None
     e = errs[(errs["device"] == device) & (errs["metric"] == metric) & ~errs["model"].isin(leave_out)]
@@ -625,7 +643,8 @@ def half_width(errs: pd.DataFrame, device: str, metric: str, fam: str, leave_out
     use = by_fam if len(by_fam) >= 3 else e
     if use.empty:
         return None
-    return conformal(use["error"].abs().to_numpy())
+    a = use["error"].abs().to_numpy(dtype=float)
+    return max(conformal(a), student(a, int(use["model"].nunique())))
 
 
 def conformal(abs_errors) -> float:
@@ -635,35 +654,34 @@ def conformal(abs_errors) -> float:
     return float(a[min(k, len(a)) - 1])
 
 
-MIRRORED = (
-    "{d}: two models — each predicted from the other, so on every quant both measured one's {metrics} error "
-    "is the other's mirrored, and the interval (the other's largest error) holds it by construction: this check "
-    "cannot test {those} interval until a third model is measured here"
+def student(abs_errors, units: int) -> float:
+    """t((1 + COVER) / 2, units) × the errors' root mean square: a new error's two-sided COVER bound where errors are
+    normal about zero and their spread is known from `units` independent draws (scipy.special, as compare.py)."""
+    from scipy.special import stdtrit
+
+    a = np.asarray(abs_errors, dtype=float)
+    return float(stdtrit(max(units, 1), (1 + COVER) / 2) * math.sqrt(float(np.mean(a**2))))
+
+
+TWO_MODELS = (
+    "{d}: two models — each is predicted from the other (its errors above), but held out it leaves one model, "
+    "whose own error cannot be measured without it: this check cannot test the interval until a third model is "
+    "measured here"
 )
-
-
-def _mirrored(errs: pd.DataFrame, device: str) -> str:
-    """The note for a device with two models, naming the metrics whose errors are each other's mirrored on every
-    quant both measured (a figure scaled from the one other model's same quant is; decode fitted by tensor type on
-    all of its quants is not); "" where none is."""
-    if errs.empty:
-        return ""
-    mine = errs[(errs["device"] == device) & errs["metric"].isin(["decode_tps", "prefill_tps"])]
-    found = []
-    for metric, m in mine.groupby("metric"):
-        keys = [k for k in SHAPE_COLS if k in m.columns] + ["quant"]
-        e = m.pivot_table(index=keys, columns="model", values="error", aggfunc="first").dropna()
-        if e.shape[1] == 2 and len(e) and bool(np.allclose(e.iloc[:, 0], -e.iloc[:, 1], rtol=0, atol=1e-9)):
-            found.append(str(metric).removesuffix("_tps"))
-    if not found:
-        return ""
-    return MIRRORED.format(d=device, metrics=" and ".join(found), those="their" if len(found) > 1 else "its")
 
 
 def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[str]]:
     """(the error table per device, metric and quant family; every held-out cell with whether its interval held
-    it; a line for each device with too few models; a line for each device whose check cannot test the interval)."""
-    c = cells(rows)
+    it; a line for each device with too few models; a line for each device whose check cannot test the interval).
+
+    A held-out model's interval is the one `predict` would have given it before it was measured: from the errors of
+    the device's other models each predicted without it (leave the held-out model out, then each other in turn), so
+    nothing of its own cells reaches its interval."""
+    return check_cells(cells(rows))
+
+
+def check_cells(c: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str], list[str]]:
+    """`check` on the device's cells (of `cells`); each held-out cell keeps its interval's log half-width."""
     errs = errors(c)
     models = c.groupby("device")["model"].nunique() if not c.empty else pd.Series(dtype=int)
     few = [
@@ -671,17 +689,22 @@ def check(rows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, list[str], li
         for d, n in models.items()
         if n < 2
     ]
-    notes = [note for d, n in models.items() if n == 2 and (note := _mirrored(errs, str(d)))]
+    notes = [TWO_MODELS.format(d=d) for d, n in models.items() if n == 2]
     if errs.empty:
         return pd.DataFrame(), errs, few, notes
-    inside = []
+    held_out = errs[["device", "model"]].drop_duplicates().itertuples(index=False)
+    # (device, held-out model): the errors `predict` had before that model was measured
+    before = {(d, m): errors(c[(c["device"] == d) & (c["model"] != m)]) for d, m in held_out}
+    widths, inside = [], []
     for _, e in errs.iterrows():
-        # the interval as `predict` would give it for this model: from the other models' held-out errors
-        w = half_width(errs, e["device"], e["metric"], e["family"], {e["model"]})
-        # held where |error| is at most the half-width: a closed interval, to the rounding of the logs (a mirrored
-        # error is its mirror's to the last bits)
+        w = half_width(before[(e["device"], e["model"])], e["device"], e["metric"], e["family"], set())
+        widths.append(w)
+        # held where |error| is at most the half-width: a closed interval, to the rounding of the logs
         inside.append(None if w is None else abs(e["error"]) <= w * (1 + 1e-9) + 1e-12)
-    errs = errs.assign(inside=pd.Series(inside, index=errs.index, dtype="object"))
+    errs = errs.assign(
+        half_width=pd.Series(widths, index=errs.index, dtype="object"),
+        inside=pd.Series(inside, index=errs.index, dtype="object"),
+    )
     table = (
         errs.groupby(["device", "metric", "family"])
         .agg(
@@ -705,11 +728,13 @@ def predict(
     c = cells(rows)
     if c.empty:
         raise DevicelabError("the ledger holds no measured speeds to predict from: run a bench recipe first")
+    # other models only: one with the target's name or parameter count is the target (a file of it measured), and
+    # its cells reach neither the prediction nor, through the other models' errors, its interval
+    c = c[(c["model"] != target.name) & (c["n_params"] != target.n_params)]
     errs = errors(c)
     out: list[Predicted] = []
     for device in devices or sorted(set(c["device"])):
-        # other models only: one with the target's name or parameter count is the target (a file of it measured)
-        refs = c[(c["device"] == device) & (c["model"] != target.name) & (c["n_params"] != target.n_params)]
+        refs = c[c["device"] == device]
         if refs.empty:
             continue
         shapes = refs[list(SHAPE_COLS) + ["metric"]].drop_duplicates()
@@ -743,9 +768,10 @@ def predict(
 
 
 def ram(target: Shape, quant: str, context: int, budget: int | None, overhead: int) -> dict:
-    """RAM need at `context` (weights + F16 KV + runtime overhead) against a budget: fits or not, with the margin."""
+    """RAM need at `context` (weights + F16 KV, its sliding layers holding their window, + runtime overhead) against a
+    budget: fits or not, with the margin."""
     weights, how = target.weights(quant)
-    kv = target.kv_bytes_per_token * context
+    kv = target.kv_bytes(context)
     need = weights + kv + overhead
     return {
         "quant": quant,
@@ -825,8 +851,12 @@ def _verdict(mem: dict, dec: Predicted | None, target_tps: float) -> str:
     fits = "RAM budget unknown" if mem["fits"] is None else f"fits ({mib(mem['need'])} of {mib(mem['budget'])})"
     if dec is None:
         return f"{fits}; no decode to predict from on this device"
-    rng = f"{dec.lo:.1f}–{dec.hi:.1f}" if dec.lo is not None and dec.hi is not None else "interval not measured"
-    speed = f"decode {dec.value:.1f} tok/s ({rng})"
+    if dec.lo is None or dec.hi is None:
+        return (
+            f"{fits}; decode {dec.value:.1f} tok/s against the target {target_tps:g}, its error not measured here "
+            "(that needs two other models measured on this device): measure it"
+        )
+    speed = f"decode {dec.value:.1f} tok/s ({dec.lo:.1f}–{dec.hi:.1f})"
     if dec.hi is not None and dec.hi < target_tps:
         return f"{fits}; predicted too slow: {speed} < {target_tps:g}"
     if dec.lo is not None and dec.lo >= target_tps:

@@ -152,6 +152,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("n_layer", "int", CELL),
     Column("n_vocab", "int", CELL),  # the vocabulary's tokens (predict's peak RSS: the runtime's tables of them)
     Column("kv_bytes_per_token", "int", CELL, "B/tok"),
+    # sliding-window attention: the window (tokens) and the layers that slide, whose KV cache holds the window
+    Column("n_swa", "int", CELL, "tok"),
+    Column("swa_layers", "int", CELL),
     Column("tensor_types", "json", CELL, fact=True),
     Column("tensor_type_bytes", "json", CELL, fact=True),  # type -> bytes of its tensors (predict's decode)
     Column("blocks_type_params", "json", CELL, fact=True),  # type -> parameters of the blocks' matrices (prefill)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import DevicelabError
-from .models.gguf_info import kv_scale
+from .models.gguf_info import kv_at, kv_scale
 from .recipes import RecommendSpec
 from .recommend import DeviceRecommendation, recommend
 from .schema import NUMERIC_COLUMNS
@@ -320,13 +320,14 @@ def _kv(r: DeviceRecommendation, rows: pd.DataFrame) -> Table | None:
         if g.empty:
             continue
         per = float(g.kv_bytes_per_token.iloc[0])
+        swa = tuple(g[c].iloc[0] if c in g.columns else None for c in ("n_layer", "n_swa", "swa_layers"))
         for ctx_len in sorted({2048, 8192, 32768, int(r.spec["context"])}):
             kvrows.append(
                 {
                     "model": m,
                     "context": ctx_len,
                     **{
-                        f"{t.upper() if t == 'f16' else t} KV MiB": per * ctx_len * kv_scale(t) / 1024**2
+                        f"{t.upper() if t == 'f16' else t} KV MiB": kv_at(per, ctx_len, *swa) * kv_scale(t) / 1024**2
                         for t in ("f16", "q8_0", "q4_0")
                     },
                 }

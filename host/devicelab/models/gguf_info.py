@@ -14,6 +14,81 @@ from ..errors import DevicelabError
 KV_TYPE_BYTES = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}
 
 
+# Sliding-window attention as the pinned tree's src/models/<arch>.cpp sets it up. GGUF architecture -> (the layers'
+# pattern n: n - 1 sliding layers then a full one, or, dense first, a full one then n - 1 sliding; the window where
+# the header gives none; how the header's `<arch>.attention.sliding_window` counts: "gives" it (over the default),
+# "needs" it (> 0, or no layer slides), "switches" it (> 0 slides with the default window), "zero-off" (0 turns
+# sliding off, else the default window)). A header's `<arch>.attention.sliding_window_pattern` (a list a layer, or n)
+# overrides the pattern, as llama.cpp's load_swa_pattern does.
+SWA_ARCHS: dict[str, tuple[int, bool, int | None, str]] = {
+    "gemma2": (2, False, 4096, "gives"),
+    "gemma3": (6, False, None, "needs"),
+    "gemma3n": (5, False, None, "gives"),
+    "cohere2": (4, False, None, "gives"),
+    "cohere2moe": (4, True, None, "gives"),
+    "gpt-oss": (2, False, None, "gives"),
+    "olmo2": (4, False, None, "needs"),
+    "exaone-moe": (4, False, 128, "gives"),
+    "exaone4": (4, False, 4096, "gives"),  # its 64-layer (32B) model only
+    "afmoe": (4, False, None, "needs"),
+    "mellum": (4, False, None, "needs"),
+    "plamo3": (8, False, None, "needs"),
+    "laguna": (4, True, None, "needs"),
+    "smallthinker": (4, True, 4096, "switches"),
+    "llama4": (4, False, 8192, "zero-off"),  # chunked attention, held as a window
+}
+N_UBATCH = 512  # llama.cpp's default micro-batch: a sliding layer's cache holds the window + one (llama-kv-cache-iswa)
+
+
+def swa_layers(arch: str, n_layer: int | None, window, pattern) -> tuple[int | None, int]:
+    """(the window, how many layers slide) of a model whose header gave `window` and `pattern` (None where absent);
+    (None, 0) where none slides."""
+    rule = SWA_ARCHS.get(arch)
+    if not n_layer or rule is None or (arch == "exaone4" and n_layer != 64):
+        return None, 0
+    n, dense_first, default, header = rule
+    w = {
+        "gives": window or default,
+        "needs": window,
+        "switches": default if window else None,
+        "zero-off": None if window == 0 else default,
+    }[header]
+    if not w:
+        return None, 0
+    if isinstance(pattern, list) and len(pattern) >= n_layer:  # the header names each layer
+        return int(w), sum(1 for x in pattern[:n_layer] if x)
+    if isinstance(pattern, int) and pattern >= 0:
+        n = pattern
+    if n == 0:
+        return int(w), n_layer
+    return int(w), sum(1 for il in range(n_layer) if (il % n != 0 if dense_first else il % n < n - 1))
+
+
+def kv_cells(n_ctx: int, n_layer: int, n_swa: int | None, swa_layers: int) -> float:
+    """KV cells over all layers at n_ctx: a full layer holds n_ctx, a sliding one its window + a micro-batch (padded
+    to 256, as llama-kv-cache-iswa.cpp sizes it), never more than n_ctx."""
+    if not n_swa or not swa_layers:
+        return float(n_layer * n_ctx)
+    held = min(n_ctx, -(-(n_swa + N_UBATCH) // 256) * 256)
+    return float((n_layer - swa_layers) * n_ctx + swa_layers * held)
+
+
+def kv_at(per_token, n_ctx: float, n_layer=None, n_swa=None, swa_layers=None) -> float:
+    """KV bytes at n_ctx of a model whose every layer holds `per_token` bytes a token between them (a row's
+    kv_bytes_per_token), its sliding layers at most their window's cells (rows that know them)."""
+    layers = int(n_layer) if _known(n_layer) else 0
+    if not layers or not _known(n_swa) or not _known(swa_layers):
+        return float(per_token) * float(n_ctx)
+    return float(per_token) / layers * kv_cells(int(n_ctx), layers, int(n_swa), int(swa_layers))
+
+
+def _known(v) -> bool:
+    try:
+        return v is not None and float(v) == float(v) and float(v) > 0
+    except (TypeError, ValueError):
+        return False
+
+
 def kv_scale(kv_type: str) -> float:
     """KV cache size of `kv_type` relative to F16 (kv_bytes_per_token is recorded for F16)."""
     return KV_TYPE_BYTES[kv_type] / KV_TYPE_BYTES["f16"]
@@ -47,6 +122,10 @@ class ModelInfo:
     # matrix row is one dot product a token: its fixed cost weighs more in a narrow model's short rows)
     blocks_type_params: dict = field(default_factory=dict)
     n_rows_blocks: int | None = None
+    # sliding-window attention: the window, and how many layers slide (their KV cache holds the window + a
+    # micro-batch, not the context)
+    n_swa: int | None = None
+    swa_layers: int = 0
 
     @property
     def bpw(self) -> float:
@@ -66,12 +145,13 @@ class ModelInfo:
         return max(self.tensor_type_params.items(), key=lambda kv: kv[1])[0]
 
     def kv_cache_bytes(self, n_ctx: int, type_bytes_k: float = 2.0, type_bytes_v: float = 2.0) -> int:
-        """KV cache size at n_ctx (F16 by default: 2 bytes per element) from the model's shape."""
+        """KV cache size at n_ctx (F16 by default: 2 bytes per element) from the model's shape, its sliding layers
+        holding at most their window's cells."""
         if not (self.n_layer and self.n_head_kv and self.head_dim_k):
             raise DevicelabError(f"{self.path}: GGUF lacks the attention shape needed to size the KV cache")
         dv = self.head_dim_v or self.head_dim_k
-        per_tok = self.n_layer * self.n_head_kv * (self.head_dim_k * type_bytes_k + dv * type_bytes_v)
-        return int(per_tok * n_ctx)
+        per_layer = self.n_head_kv * (self.head_dim_k * type_bytes_k + dv * type_bytes_v)
+        return int(per_layer * kv_cells(n_ctx, self.n_layer, self.n_swa, self.swa_layers))
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -175,6 +255,9 @@ def read(path: Path) -> ModelInfo:
         n_head = max(n_head)
     hdk = a("attention.key_length") or (n_embd // n_head if n_embd and n_head else None)
     hdv = a("attention.value_length") or hdk
+    n_swa, slide = swa_layers(
+        arch, a("block_count"), a("attention.sliding_window"), a("attention.sliding_window_pattern")
+    )
     vocab = a("vocab_size")
     if vocab is None:
         toks = r.fields.get("tokenizer.ggml.tokens")
@@ -201,4 +284,6 @@ def read(path: Path) -> ModelInfo:
         tensor_type_params=dict(tparams),
         blocks_type_params=dict(blocks_types),
         n_rows_blocks=rows or None,
+        n_swa=n_swa,
+        swa_layers=slide,
     )

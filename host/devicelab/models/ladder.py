@@ -53,8 +53,9 @@ QUANT_TYPES = {
 NEEDS_IMATRIX = {q for q in QUANT_TYPES if q.startswith("iq")}
 DEFAULT_LADDER = ["f16", "q8_0", "q5_k_m", "q5_0", "q4_k_m", "q4_0", "q3_k_m", "q2_k"]
 FLOAT_FILE_TYPES = {0: "f32", 1: "f16", 32: "bf16"}  # general.file_type values of unquantized files
-# what a file's manifest keeps of its blocks (gguf_info.ModelInfo): a manifest written before one of them is read anew
-BLOCK_FACTS = ("n_params_blocks", "blocks_bytes", "blocks_type_params", "n_rows_blocks")
+# what a file's manifest keeps of its blocks and its sliding-window layers (gguf_info.ModelInfo): a manifest written
+# before one of them is read anew
+BLOCK_FACTS = ("n_params_blocks", "blocks_bytes", "blocks_type_params", "n_rows_blocks", "n_swa", "swa_layers")
 
 
 def _file_type(quant: str) -> int | None:

@@ -93,6 +93,8 @@ def model_context(host, model: str, qf) -> dict:
         "n_layer": info.get("n_layer"),
         "n_vocab": info.get("n_vocab"),
         "kv_bytes_per_token": kv_per_tok,
+        "n_swa": info.get("n_swa"),
+        "swa_layers": info.get("swa_layers") or None,
         "tensor_types": qf.manifest["tensor_types"],
         "tensor_type_bytes": info.get("tensor_type_bytes"),
         "blocks_type_params": info.get("blocks_type_params"),
