@@ -147,7 +147,8 @@ def test_sliding_layers_hold_their_window_as_the_pinned_llama_cpp_sizes_them(hos
     tokens, and the pinned tree's pattern for gemma3: five sliding then one full), each holding the window + a
     micro-batch. The size devicelab gives (predict's RAM, recommend's KV table) is the one the pinned llama.cpp
     allocates, read from its own log as it loads the real file at that context (llama-cpp-python calling the host
-    build's library)."""
+    build's library), with the sliding cache its tools use (common.h and llama-bench: swa_full false); the library's
+    own default (llama_context_default_params: swa_full true) holds the context in every layer."""
     import re
 
     from devicelab import predict as pr
@@ -159,17 +160,25 @@ def test_sliding_layers_hold_their_window_as_the_pinned_llama_cpp_sizes_them(hos
     assert (info.arch, info.n_layer, info.n_swa, info.swa_layers) == ("gemma3", 18, 512, 15)
     Llama = library.load(library.ensure(host_build)).Llama
     capfd.readouterr()
-    for n_ctx in (4096, 256):
-        llm = Llama(model_path=str(gemma), n_ctx=n_ctx, verbose=True)
+    # llama_kv_cache: size =   12.00 MiB (  4096 cells,   3 layers,  1/1 seqs), K (f16): …, V (f16): …
+    size = r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers"
+
+    def allocated(n_ctx: int, swa_full: bool) -> list[tuple[float, int, int]]:
+        llm = Llama(model_path=str(gemma), n_ctx=n_ctx, swa_full=swa_full, verbose=True)
         del llm
         log = capfd.readouterr().err
-        # llama_kv_cache: size =   36.00 MiB (  4096 cells,   3 layers,  1/1 seqs), K (f16): …, V (f16): …
-        size = r"llama_kv_cache: size =\s*([\d.]+) MiB \(\s*(\d+) cells,\s*(\d+) layers"
         got = [(float(mib), int(cells), int(layers)) for mib, cells, layers in re.findall(size, log)]
-        assert sum(mib for mib, _, _ in got) == pytest.approx(info.kv_cache_bytes(n_ctx) / 2**20, abs=0.01), log[-3000:]
+        assert got, log[-3000:]
+        return got
+
+    for n_ctx in (4096, 256):
+        got = allocated(n_ctx, swa_full=False)
+        assert sum(mib for mib, _, _ in got) == pytest.approx(info.kv_cache_bytes(n_ctx) / 2**20, abs=0.01)
         # the full layers hold the context, the sliding ones the window + a micro-batch (or the context, if shorter)
         want = [(1024, 15), (4096, 3)] if n_ctx == 4096 else [(256, 3), (256, 15)]
-        assert sorted((cells, layers) for _, cells, layers in got) == want, log[-3000:]
+        assert sorted((cells, layers) for _, cells, layers in got) == want
+    full = allocated(4096, swa_full=True)
+    assert sum(mib for mib, _, _ in full) == pytest.approx(info.kv_cache_bytes(1) * 4096 / 2**20, abs=0.01)
     assert pr.from_gguf(gemma).kv_bytes(4096) == info.kv_cache_bytes(4096) < info.kv_cache_bytes(1) * 4096 / 2
 
 
