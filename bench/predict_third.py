@@ -11,8 +11,9 @@ weights say, so for `predict` it is a model like the others; for quality it is n
 One lab run measures the models' ladders with a bench (prompt 32, gen 64, 2 threads, 2 repetitions; peak RSS
 from the sampler) in 3 rounds, the models interleaved in each (`--rounds`, `--gen`: 16 tokens of a small model's
 decode moved ±30 % between rounds), then `predict --check` holds each model out in turn and predicts
-its cells from the other two. Prints the error table and, per metric, how many held-out cells fell inside their
-interval and how many decode cells within ±15 %. Last line:
+its cells from the others (its interval: as `predict` would have given it before it was measured). Prints the error
+table and, per metric, how many held-out cells fell inside their interval and how many decode cells within ±15 %.
+Last line:
 
     predict_third: 3 models, inside X/N (decode a/b, prefill c/d, peak RSS e/f); decode within ±15 %: g/h
 
