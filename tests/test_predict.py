@@ -13,6 +13,7 @@ import pytest
 from conftest import devicelab
 
 from devicelab import predict as pr
+from devicelab.candidate import kv_at
 from devicelab.errors import DevicelabError
 from devicelab.models import gguf_info
 
@@ -324,8 +325,8 @@ def test_sliding_window_layers_as_the_pinned_tree_sets_them():
     assert gguf_info.kv_cells(4096, 18, 512, 15) == 3 * 4096 + 15 * 1024
     assert gguf_info.kv_cells(256, 18, 512, 15) == 18 * 256 and gguf_info.kv_cells(4096, 16, None, 0) == 16 * 4096
     # a row's bytes a token over all layers, at a context: as the cells say; a row without the facts, linear
-    assert gguf_info.kv_at(18 * 1024, 4096, 18, 512, 15) == 1024 * (3 * 4096 + 15 * 1024)
-    assert gguf_info.kv_at(18 * 1024, 4096, 18, float("nan"), None) == 18 * 1024 * 4096
+    assert kv_at(18 * 1024, 4096, 18, 512, 15) == 1024 * (3 * 4096 + 15 * 1024)
+    assert kv_at(18 * 1024, 4096, 18, float("nan"), None) == 18 * 1024 * 4096
 
 
 def test_families():

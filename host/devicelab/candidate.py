@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from .models.gguf_info import kv_at, kv_scale
+from .models.gguf_info import kv_cells, kv_scale
 from .recipes import RecommendSpec
 from .schema import TOKEN_PHASES
 
@@ -72,6 +72,16 @@ def num(x):
     except (TypeError, ValueError):
         return None
     return None if math.isnan(f) else f
+
+
+def kv_at(per_token, n_ctx: float, n_layer=None, n_swa=None, swa_layers=None) -> float:
+    """KV bytes at n_ctx of a model whose layers hold `per_token` bytes a token between them (a row's
+    kv_bytes_per_token), its sliding layers at most their window's cells where the row knows them
+    (gguf_info.kv_cells)."""
+    layers, window, slide = num(n_layer), num(n_swa), num(swa_layers)
+    if not layers or not window or not slide:
+        return float(per_token) * float(n_ctx)
+    return float(per_token) / layers * kv_cells(int(n_ctx), int(layers), int(window), int(slide))
 
 
 # ---------------------------------------------------------------- measuring: every candidate's figures from its rows

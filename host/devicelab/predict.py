@@ -43,9 +43,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from .candidate import DEFAULT_OVERHEAD, mib, num
+from .candidate import DEFAULT_OVERHEAD, kv_at, mib, num
 from .errors import DevicelabError
-from .models.gguf_info import kv_at
 
 if TYPE_CHECKING:
     from .models import gguf_info
@@ -133,7 +132,7 @@ class Shape:
         return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * 2
 
     def kv_bytes(self, context: int) -> int:
-        """F16 KV cache at `context`, the sliding layers holding their window (gguf_info.kv_cells)."""
+        """F16 KV cache at `context`, the sliding layers holding their window (candidate.kv_at)."""
         return int(kv_at(self.kv_bytes_per_token, context, self.n_layer, self.n_swa, self.swa_layers))
 
     def weights(self, quant: str) -> tuple[int, str]:
@@ -857,8 +856,8 @@ def _verdict(mem: dict, dec: Predicted | None, target_tps: float) -> str:
             "(that needs two other models measured on this device): measure it"
         )
     speed = f"decode {dec.value:.1f} tok/s ({dec.lo:.1f}–{dec.hi:.1f})"
-    if dec.hi is not None and dec.hi < target_tps:
+    if dec.hi < target_tps:
         return f"{fits}; predicted too slow: {speed} < {target_tps:g}"
-    if dec.lo is not None and dec.lo >= target_tps:
+    if dec.lo >= target_tps:
         return f"{fits}; {speed} ≥ {target_tps:g}; quality not predicted: measure it to judge it"
     return f"{fits}; {speed} against the target {target_tps:g}: too close to call, measure it"

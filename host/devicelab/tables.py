@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from .candidate import kv_at
 from .errors import DevicelabError
-from .models.gguf_info import kv_at, kv_scale
+from .models.gguf_info import kv_scale
 from .recipes import RecommendSpec
 from .recommend import DeviceRecommendation, recommend
 from .schema import NUMERIC_COLUMNS

@@ -73,22 +73,6 @@ def kv_cells(n_ctx: int, n_layer: int, n_swa: int | None, swa_layers: int) -> fl
     return float((n_layer - swa_layers) * n_ctx + swa_layers * held)
 
 
-def kv_at(per_token, n_ctx: float, n_layer=None, n_swa=None, swa_layers=None) -> float:
-    """KV bytes at n_ctx of a model whose every layer holds `per_token` bytes a token between them (a row's
-    kv_bytes_per_token), its sliding layers at most their window's cells (rows that know them)."""
-    layers = int(n_layer) if _known(n_layer) else 0
-    if not layers or not _known(n_swa) or not _known(swa_layers):
-        return float(per_token) * float(n_ctx)
-    return float(per_token) / layers * kv_cells(int(n_ctx), layers, int(n_swa), int(swa_layers))
-
-
-def _known(v) -> bool:
-    try:
-        return v is not None and float(v) == float(v) and float(v) > 0
-    except (TypeError, ValueError):
-        return False
-
-
 def kv_scale(kv_type: str) -> float:
     """KV cache size of `kv_type` relative to F16 (kv_bytes_per_token is recorded for F16)."""
     return KV_TYPE_BYTES[kv_type] / KV_TYPE_BYTES["f16"]
