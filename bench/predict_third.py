@@ -57,11 +57,12 @@ def main() -> None:
     ap.add_argument("--shape", action="append", default=None, help="LAYERSxHIDDENxINTERMEDIATE (repeatable)")
     ap.add_argument("--rounds", type=int, default=3, help="every cell measured this many times, the models interleaved")
     ap.add_argument("--gen", type=int, default=64, help="tokens a decode test generates")
+    ap.add_argument("--two", action="store_true", help="no random model: the two real ones, each from the other")
     a = ap.parse_args()
     work = Path(a.lab_dir or tempfile.mkdtemp(prefix="predict-third-"))
     work.mkdir(parents=True, exist_ok=True)
     extra = ""
-    for spec in a.shape or ["24x1024x2816"]:
+    for spec in [] if a.two else a.shape or ["24x1024x2816"]:
         layers, hidden, intermediate = (int(x) for x in spec.split("x"))
         name = f"random-llama-{layers}x{hidden}"
         ck = work / name

@@ -85,10 +85,11 @@ def pytest_sessionfinish(session, exitstatus):
 
 # ------------------------------------------------------------- modules that mostly wait, run beside the others
 # A module marked `beside` spends its time waiting (shells sampling fixture trees at 10 Hz for seconds; a stand-in
-# Mac answering over SSH): when the suite runs it with other modules, a second pytest process runs it beside them —
-# from the start (`beside`), or from when this run reaches the modules that need a build (`beside("aarch64")`: none
-# of those judges a speed measured on this host) — and its tests' reports (setup, call, teardown, as that process
-# made them) are given here at the end. Run alone (`pytest tests/test_sampler.py`), a module runs here as any.
+# Mac answering over SSH), or judges no speed and keeps to one CPU (test_predict: a CLI call at a time): when the
+# suite runs it with other modules, a second pytest process runs it beside them — from the start (`beside`), or
+# from when this run reaches the modules that need a build (`beside("aarch64")`: none of those judges a speed
+# measured on this host) — and its tests' reports (setup, call, teardown, as that process made them) are given here
+# at the end. Run alone (`pytest tests/test_sampler.py`), a module runs here as any.
 BESIDE_REPORTS = "DEVICELAB_BESIDE_REPORTS"  # set in a second process: the file its reports go to
 _beside: dict = {}  # the build a group waits for ("" from the start) -> its state: ids, stage, and once started, proc
 _stage: dict = {}  # test module path -> its stage (BUILD_ORDER)

@@ -17,6 +17,9 @@ from devicelab.candidate import kv_at
 from devicelab.errors import DevicelabError
 from devicelab.models import gguf_info
 
+# it judges no speed measured here and keeps to one CPU (a CLI call at a time): the suite runs it beside the others
+pytestmark = pytest.mark.beside
+
 # Llama 3.1 8B, 3.2 3B and 3.2 1B as their config.json describe them
 LLAMA_8B = dict(params=8.03e9, layers=32, kv_heads=8, head_dim=128, vocab=128256)
 LLAMA_3B = dict(params=3.21e9, layers=28, kv_heads=8, head_dim=128, vocab=128256)

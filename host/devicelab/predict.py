@@ -38,16 +38,13 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
 from .candidate import DEFAULT_OVERHEAD, kv_at, mib, num
 from .errors import DevicelabError
-
-if TYPE_CHECKING:
-    from .models import gguf_info
+from .models import gguf_info
 
 GiB = 1024**3
 LLAMA3_8B_PARAMS = 8.03e9
@@ -129,7 +126,7 @@ class Shape:
     @property
     def kv_bytes_per_token(self) -> int:
         """F16 KV cache a token (K and V, every layer)."""
-        return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * 2
+        return int(gguf_info.kv_bytes_per_cell(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v))
 
     def kv_bytes(self, context: int) -> int:
         """F16 KV cache at `context`, the sliding layers holding their window (candidate.kv_at)."""
@@ -174,8 +171,6 @@ def described(name: str, **given) -> Shape:
 
 def from_gguf(path, source: str | None = None) -> Shape:
     """A GGUF file's shape from its header (gguf-py), and its own quant's bytes."""
-    from .models import gguf_info
-
     return from_info(gguf_info.read(path), source)
 
 
