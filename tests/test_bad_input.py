@@ -8,6 +8,9 @@ from conftest import FIXTURES, REPO, devicelab
 
 from devicelab.ledger import ledger_path
 
+# it judges no speed and keeps to one CPU (a CLI call at a time, each refused before it measures): beside the others
+pytestmark = pytest.mark.beside
+
 GOOD = (REPO / "tests" / "recipes" / "e2e-small.yaml").read_text()
 
 
