@@ -17,10 +17,11 @@ Last line:
 
     predict_third: 3 models, inside X/N (decode a/b, prefill c/d, peak RSS e/f); decode within ±15 %: g/h
 
-    python bench/predict_third.py [--lab-dir DIR] [--shape 24x1024x2816 [--shape 16x1536x4096 …]]
+    python bench/predict_third.py [--lab-dir DIR] [--shape 24x1024x2816 [--shape 16x1536x4096 …] | --two]
 
 Each `--shape LAYERSxHIDDENxINTERMEDIATE` adds one such random model (default: the one above); two make a fourth
-model of a fourth width, so a held-out model's interval rests on three others' errors.
+model of a fourth width, so a held-out model's interval rests on three others' errors. `--two` adds none: the two
+real models, each predicted from the other alone, measured as the others are (no interval can be judged there).
 
 Here, four models: ≈ 5.5 min (their ladders made already); each random checkpoint made, converted and quantized adds
 ≈ 1–2 min."""

@@ -177,7 +177,9 @@ word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_
         rss = ""
         if (pid != "") {
           split(rd("/proc/" pid "/statm"), M, " ")
-          if (M[2] + 0 > 0) { rss = M[2] * pagekb; proc_ok = 1 } else if (proc_ok) last = 1
+          # gone: its entry unreadable once it was read, or the zeros of a zombie (even at the first tick: a
+          # payload that ended before the sampler started, its parent not yet waiting; never a kernel thread)
+          if (M[2] + 0 > 0) { rss = M[2] * pagekb; proc_ok = 1 } else if (proc_ok || M[2] == "0") last = 1
           st = "/proc/" pid "/status"
           if (rss != "" && tick % hwm_every == 0) {
             while ((getline v < st) > 0) if (v ~ /^VmHWM:/) { split(v, H, " "); hwm = H[2]; break }
@@ -226,6 +228,7 @@ word() { _o=""; _r=$1; while :; do case $_r in *" "*) _o="$_o${_r%% *}_"; _r=${_
         fi
         kill -0 "$pid" || last=1
         [ -z "$rss" ] && [ -n "${proc_ok:-}" ] && last=1   # exited (a zombie has no VmRSS)
+        [ "$res" = 0 ] && last=1   # a zombie from the first tick: it ended before the sampler started
       fi
       [ -n "$stopfile" ] && [ -e "$stopfile" ] && last=1
       [ "$maxticks" -gt 0 ] && [ $((tick + 1)) -ge "$maxticks" ] && last=1

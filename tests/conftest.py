@@ -49,7 +49,8 @@ def pytest_collection_modifyitems(session, config, items):
         last = max((BUILD_ORDER.index(b) + 1 for b in builds), default=0)
         stage[it.module] = max(stage.get(it.module, 0), last)
     order = {id(it): i for i, it in enumerate(items)}
-    items.sort(key=lambda it: (stage[it.module], order[id(it)]))
+    # within a stage, the modules that judge speeds last: what runs beside from the start has ended by then
+    items.sort(key=lambda it: (stage[it.module], it.get_closest_marker("speeds") is not None, order[id(it)]))
     _stage.update({_module(it.nodeid): stage[it.module] for it in items})
     _group_beside(config, items)
     if wanted and os.environ.get("DEVICELAB_TEST_PREBUILD", "1") != "0" and not os.environ.get("PYTEST_XDIST_WORKER"):
@@ -89,7 +90,9 @@ def pytest_sessionfinish(session, exitstatus):
 # suite runs it with other modules, a second pytest process runs it beside them — from the start (`beside`), or
 # from when this run reaches the modules that need a build (`beside("aarch64")`: none of those judges a speed
 # measured on this host) — and its tests' reports (setup, call, teardown, as that process made them) are given here
-# at the end. Run alone (`pytest tests/test_sampler.py`), a module runs here as any.
+# at the end. Run alone (`pytest tests/test_sampler.py`), a module runs here as any. A module marked `speeds` (it
+# judges speeds measured on this host: noise, rounds, bisect, sustained, quotas) runs last in its stage, and waits
+# for a group still running beside before its first test: nothing runs beside it.
 BESIDE_REPORTS = "DEVICELAB_BESIDE_REPORTS"  # set in a second process: the file its reports go to
 _beside: dict = {}  # the build a group waits for ("" from the start) -> its state: ids, stage, and once started, proc
 _stage: dict = {}  # test module path -> its stage (BUILD_ORDER)
@@ -173,6 +176,10 @@ class _BesideGiven:
         if g is None:
             if _beside:
                 _start_beside(item.config, _stage.get(_module(item.nodeid), 0))
+                if item.get_closest_marker("speeds"):  # nothing runs beside a module that judges speeds
+                    for other in _beside.values():
+                        if "proc" in other:
+                            other["proc"].wait()
             return None
         _start_beside(item.config, g["stage"])  # this run never reached its stage: it starts now
         reports = _beside_reports(item.config, g).get(item.nodeid)

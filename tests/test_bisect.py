@@ -21,7 +21,7 @@ from conftest import REPO, devicelab
 
 from devicelab.ledger import Ledger, ledger_path
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.speeds]  # it judges speeds measured here: nothing beside it (conftest.py)
 
 SWEEP = """name: two-commits
 devices: [local]

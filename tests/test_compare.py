@@ -20,6 +20,8 @@ from devicelab import compare as cmpmod
 from devicelab.importer import quant_of
 from devicelab.ledger import Ledger, ledger_path
 
+pytestmark = pytest.mark.speeds  # it judges speeds measured here: nothing runs beside it (conftest.py)
+
 RECIPE = """name: {name}
 devices: [local]
 models:

@@ -14,7 +14,7 @@ from conftest import devicelab
 
 from devicelab.ledger import Ledger, ledger_path
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.speeds]  # it judges speeds measured here: nothing beside it (conftest.py)
 
 RECIPE = """name: rounds
 devices: [local]

@@ -592,3 +592,30 @@ def test_slices_of_a_run_carry_the_heated_zone(tmp_path, shell):
         math.isnan(temps["tg16@1"].value) and "no temperature read inside this phase" in temps["tg16@1"].missing_reason
     )
     assert not [r for r in s.rows if r.metric == "temp_max" and r.phase == "sustained"]
+
+
+@pytest.mark.parametrize("reader", ["awk", "sh"])
+@pytest.mark.parametrize("shell", SHELLS, ids=lambda s: s[0])
+def test_a_payload_that_ended_before_the_sampler_started_ends_it(tmp_path, shell, reader):
+    """A payload that is a zombie at the sampler's first tick (it ended before the sampler started, its parent not
+    yet waiting for it: a busy machine) ends the run at once. `kill -0` succeeds on a zombie, and the sampler had
+    taken only a payload it once saw alive for gone: under load the gpu test's 0.6 s `sleep` ended first, and the
+    sampler ran until its 30 s timeout (found beside the busy-loop suite)."""
+    payload = subprocess.Popen(["true"])
+    try:
+        stat = Path(f"/proc/{payload.pid}/stat")
+        while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # wait on the state: a zombie
+            time.sleep(0.01)
+        p = subprocess.run(
+            [*shell, str(SAMPLER), "-o", str(tmp_path / "z.csv"), "-p", str(payload.pid), "-i", "100", "-S"],
+            timeout=30,
+            capture_output=True,
+            text=True,
+            env={**os.environ, **({"DEVICELAB_SAMPLER_NO_AWK": "1"} if reader == "sh" else {})},
+        )
+    finally:
+        payload.wait()
+    assert p.returncode == 0 and p.stderr == ""
+    tr = sampler_csv.parse((tmp_path / "z.csv").read_text())
+    assert tr.reader == reader
+    assert len(tr.frame) == 1, "one tick, the last: nothing to sample of a payload already gone"

@@ -19,6 +19,8 @@ from devicelab.errors import DevicelabError
 from devicelab.kinds import bench
 from devicelab.kinds import soak as su
 
+pytestmark = pytest.mark.speeds  # it judges speeds measured here: nothing runs beside it (conftest.py)
+
 SHOTS = Path(os.environ.get("DEVICELAB_SCREENSHOTS") or REPO / "out" / "screenshots")
 TEMPLATE = json.loads(
     (FIXTURES / "real/llama-bench-jsonl/readme-b5163-cuda-4080.jsonl").read_text().splitlines()[1]

@@ -8,7 +8,7 @@ from conftest import REPO, devicelab
 
 from devicelab.ledger import ledger_path
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.speeds]  # it judges speeds measured here: nothing beside it (conftest.py)
 RECIPE = REPO / "recipes" / "paper-x86-small.yaml"
 
 
