@@ -60,6 +60,8 @@ def main() -> None:
     ap.add_argument("--gen", type=int, default=64, help="tokens a decode test generates")
     ap.add_argument("--two", action="store_true", help="no random model: the two real ones, each from the other")
     a = ap.parse_args()
+    if a.two and a.shape:
+        ap.error("--two measures the two real models alone: give it no --shape")
     work = Path(a.lab_dir or tempfile.mkdtemp(prefix="predict-third-"))
     work.mkdir(parents=True, exist_ok=True)
     extra = ""

@@ -126,7 +126,7 @@ class Shape:
     @property
     def kv_bytes_per_token(self) -> int:
         """F16 KV cache a token (K and V, every layer)."""
-        return int(gguf_info.kv_bytes_per_cell(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v))
+        return int(gguf_info.kv_bytes_per_token(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v))
 
     def kv_bytes(self, context: int) -> int:
         """F16 KV cache at `context`, the sliding layers holding their window (candidate.kv_at)."""

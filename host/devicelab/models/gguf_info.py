@@ -64,11 +64,11 @@ def swa_layers(arch: str, n_layer: int | None, window, pattern) -> tuple[int | N
     return int(w), sum(1 for il in range(n_layer) if (il % n != 0 if dense_first else il % n < n - 1))
 
 
-def kv_bytes_per_cell(
+def kv_bytes_per_token(
     n_layer: int, n_head_kv: int, head_dim_k: int, head_dim_v: int, bytes_k: float = 2.0, bytes_v: float = 2.0
 ) -> float:
-    """K and V of one token in `n_layer` layers (F16 by default: 2 bytes per element): the one place this is written
-    (predict's described shapes, a GGUF's ModelInfo)."""
+    """K and V of one token in `n_layer` layers (F16 by default: 2 bytes per element; one layer: a cell of kv_cells):
+    the one place this is written (predict's described shapes, a GGUF's ModelInfo)."""
     return n_layer * n_head_kv * (head_dim_k * bytes_k + head_dim_v * bytes_v)
 
 
@@ -142,8 +142,8 @@ class ModelInfo:
         if not (self.n_layer and self.n_head_kv and self.head_dim_k):
             raise DevicelabError(f"{self.path}: GGUF lacks the attention shape needed to size the KV cache")
         dv = self.head_dim_v or self.head_dim_k
-        per_layer = kv_bytes_per_cell(1, self.n_head_kv, self.head_dim_k, dv, type_bytes_k, type_bytes_v)
-        return int(per_layer * kv_cells(n_ctx, self.n_layer, self.n_swa, self.swa_layers))
+        per_cell = kv_bytes_per_token(1, self.n_head_kv, self.head_dim_k, dv, type_bytes_k, type_bytes_v)
+        return int(per_cell * kv_cells(n_ctx, self.n_layer, self.n_swa, self.swa_layers))
 
     def to_json(self) -> dict:
         d = asdict(self)
